@@ -111,7 +111,9 @@ def test_round_trip(cpus: frozenset[int]) -> None:
 
 
 @given(ids, ids, ids)
-def test_algebra_matches_python_sets(a: frozenset[int], b: frozenset[int], c: frozenset[int]) -> None:
+def test_algebra_matches_python_sets(
+    a: frozenset[int], b: frozenset[int], c: frozenset[int]
+) -> None:
     x, y, z = CPUSet(a), CPUSet(b), CPUSet(c)
     assert set(x | y) == a | b
     assert set(x & y) == a & b

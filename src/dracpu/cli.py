@@ -1,0 +1,308 @@
+"""The `dracpu` command line: root flags (the daemon) and subcommands.
+
+`dracpu [flags]` is the node daemon; every other word is a subcommand with flags of its own.
+Errors are one line on stderr (`dracpu: <message>`) and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import yaml
+
+from dracpu import __version__
+
+__all__ = ["CLIError", "gatherinfo_main", "main"]
+
+SUBCOMMANDS = ("demo", "gatherinfo", "introspect", "map", "run", "sim", "version")
+INTROSPECT_SUBCOMMANDS = ("topology", "slices", "allocate", "metrics")
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as `dracpu: <message>`; exit code in ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _HelpRequested(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, and prints help to stderr (behavior.md §2.3)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CLIError(f"{self.prog.removeprefix('dracpu ')}: {message}", code=2)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            sys.stderr.write(message)
+        raise _HelpRequested
+
+    def print_help(self, file: object = None) -> None:
+        sys.stderr.write(self.format_help())
+
+
+def _parser(prog: str, description: str, example: str) -> _Parser:
+    return _Parser(
+        prog=prog,
+        description=description,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+# -- shared helpers -----------------------------------------------------------------------
+
+
+def _sysfs_root(value: str | None) -> Path:
+    """A sysfs root directory, or a gatherinfo report whose `sysfs` section is unpacked."""
+    if value is None:
+        host_root = os.environ.get("HOST_ROOT", "")
+        return Path(host_root + "/sys") if host_root else Path("/sys")
+    path = Path(value)
+    if path.is_dir():
+        return path
+    if not path.exists():
+        raise CLIError(f"sysfs root {value}: no such file or directory")
+    return _unpack_bundle(path)
+
+
+def _unpack_bundle(path: Path) -> Path:
+    from dracpu.gatherinfo import GatherinfoError, materialize_sysfs
+
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
+        raise CLIError(f"read gatherinfo report {path}: {err}") from err
+    if len(docs) != 1 or not isinstance(docs[0], dict) or not isinstance(docs[0].get("sysfs"), dict):
+        raise CLIError(f"{path} is neither a directory nor a gatherinfo report with a sysfs section")
+    files = docs[0]["sysfs"]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise CLIError(f"{path}: the sysfs section must map paths to strings")
+    dest = Path(tempfile.mkdtemp(prefix="dracpu-sysfs-"))
+    try:
+        return materialize_sysfs(files, dest)
+    except (GatherinfoError, OSError) as err:
+        raise CLIError(f"{path}: {err}") from err
+
+
+def _discover(sysfs_root: Path, *, overlay: str | None = None, pcie: bool = True) -> object:
+    from dracpu.topology import TopologyError, discover_from_root
+
+    try:
+        return discover_from_root(sysfs_root, overlay=overlay, expose_pcie_roots=pcie)
+    except TopologyError as err:
+        raise CLIError(str(err)) from err
+
+
+# -- subcommands ----------------------------------------------------------------------------
+
+
+def _cmd_version(argv: Sequence[str]) -> int:
+    p = _parser("dracpu version", "Print the dracpu version.", "dracpu version")
+    p.parse_args(argv)
+    print(f"dracpu {__version__}")
+    return 0
+
+
+def _cmd_introspect(argv: Sequence[str]) -> int:
+    supported = ", ".join(INTROSPECT_SUBCOMMANDS)
+    if not argv:
+        raise CLIError(f"introspect requires a subcommand; supported subcommands: {supported}")
+    if argv[0] in ("-h", "--help"):
+        sys.stderr.write(
+            "usage: dracpu introspect {topology,slices,allocate,metrics} [flags]\n\n"
+            "Ask what this node looks like to dracpu, without running the daemon.\n\n"
+            "example:\n  dracpu introspect topology --format text\n"
+        )
+        return 0
+    name, rest = argv[0], argv[1:]
+    handlers: dict[str, Callable[[Sequence[str]], int]] = {
+        "topology": _cmd_introspect_topology,
+        "metrics": _cmd_introspect_metrics,
+    }
+    handler = handlers.get(name)
+    if handler is None:
+        raise CLIError(f'unknown introspect subcommand "{name}"; supported subcommands: {supported}')
+    return handler(rest)
+
+
+def _cmd_introspect_metrics(argv: Sequence[str]) -> int:
+    from dracpu.metrics import describe_metrics_json
+
+    if list(argv) in (["-h"], ["--help"]):
+        sys.stderr.write(
+            "usage: dracpu introspect metrics\n\nPrint the driver's custom Prometheus metrics "
+            "as JSON.\n\nexample:\n  dracpu introspect metrics\n"
+        )
+        return 0
+    if argv:
+        raise CLIError(f"metrics does not accept positional arguments: {' '.join(argv)}")
+    sys.stdout.write(describe_metrics_json())
+    return 0
+
+
+def _cmd_introspect_topology(argv: Sequence[str]) -> int:
+    from dracpu.introspect import topology_json, topology_text
+    from dracpu.topology import Topology
+
+    p = _parser(
+        "dracpu introspect topology",
+        "Print the CPU topology discovered from sysfs: sockets, NUMA nodes, L3 groups, cores, "
+        "SMT siblings, core types and PCIe roots.",
+        "dracpu introspect topology --sysfs-root tests/fake_sysfs/xeon-2s-ht --format text",
+    )
+    p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    p.add_argument("--sysfs-overlay", help="sysfs overlay YAML file")
+    p.add_argument("--format", choices=("json", "text"), default="json")
+    args = p.parse_args(argv)
+    topo = _discover(_sysfs_root(args.sysfs_root), overlay=args.sysfs_overlay)
+    assert isinstance(topo, Topology)
+    sys.stdout.write(topology_json(topo) if args.format == "json" else topology_text(topo))
+    return 0
+
+
+def _cmd_gatherinfo(argv: Sequence[str]) -> int:
+    from dracpu.gatherinfo import (
+        GatherinfoError,
+        build_report,
+        collect_sysfs,
+        find_driver_process,
+        path_in_process,
+        write_report,
+    )
+    from dracpu.topology import Topology
+
+    p = _parser(
+        "dracpu gatherinfo",
+        "Collect a node-local support bundle: the running driver's config, the CPU topology "
+        "and the sysfs files it came from. Attach it to a bug report; feed it back with "
+        "`dracpu introspect topology --sysfs-root FILE` to reproduce the node's topology.",
+        "dracpu gatherinfo --output-dir /tmp/dracpu-report",
+    )
+    p.add_argument("--output-dir", default="", help="directory for the report file")
+    p.add_argument("--stdout", action="store_true", help="write the report to stdout")
+    p.add_argument("--sysfs-root", help="sysfs directory to read (default $HOST_ROOT/sys)")
+    args = p.parse_args(argv)
+    if args.stdout and args.output_dir:
+        raise CLIError("--stdout and --output-dir cannot be used together")
+    host_root = os.environ.get("HOST_ROOT", "")
+    procfs = Path(host_root + "/proc") if host_root else Path("/proc")
+    try:
+        proc = find_driver_process(procfs)
+        config = _driver_config_of(proc.argv, path_in_process(procfs, proc.pid))
+        sysfs = _sysfs_root(args.sysfs_root)
+        overlay = getattr(config, "sysfsOverlay", "") or getattr(config, "sysfs_overlay", "")
+        if overlay:
+            overlay = path_in_process(procfs, proc.pid)(overlay)
+        topo = _discover(sysfs, overlay=overlay or None, pcie=False)
+        assert isinstance(topo, Topology)
+        report = build_report(topo, config, collect_sysfs(sysfs))
+        if args.stdout:
+            sys.stdout.write(report)
+            return 0
+        path = write_report(report, output_dir=args.output_dir or None)
+    except GatherinfoError as err:
+        raise CLIError(str(err)) from err
+    print(f'"debug info collected" path={path}', file=sys.stderr)
+    return 0
+
+
+def _driver_config_of(argv: list[str], resolve: Callable[[str], str]) -> object:
+    from dracpu.config import ConfigError, DriverConfig, reconstruct_from_cmdline
+
+    if not argv or os.path.basename(argv[0]) != "dracpu":
+        return DriverConfig()
+    try:
+        return reconstruct_from_cmdline(argv, resolve)
+    except ConfigError as err:
+        raise CLIError(str(err)) from err
+
+
+def _cmd_demo(argv: Sequence[str]) -> int:
+    from dracpu.introspect import topology_text
+    from dracpu.topology import Topology
+
+    p = _parser(
+        "dracpu demo",
+        "Show what dracpu does on this machine. Today: the CPU map it discovers. The full "
+        "simulated node (API server, scheduler, kubelet, runtime) is not built yet.",
+        "dracpu demo --sysfs-root tests/fake_sysfs/epyc-nps4",
+    )
+    p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    args = p.parse_args(argv)
+    topo = _discover(_sysfs_root(args.sysfs_root))
+    assert isinstance(topo, Topology)
+    sys.stdout.write(topology_text(topo))
+    print(
+        "\nThe end-to-end demo (pods with ResourceClaims on a simulated node) is not built "
+        "yet; see README.md."
+    )
+    return 0
+
+
+SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
+    "version": _cmd_version,
+    "introspect": _cmd_introspect,
+    "gatherinfo": _cmd_gatherinfo,
+    "demo": _cmd_demo,
+}
+
+
+# -- entry points ------------------------------------------------------------------------
+
+
+def run(argv: Sequence[str]) -> int:
+    from dracpu.flags import FlagError, parse_root_flags, usage_text
+
+    try:
+        parsed = parse_root_flags(list(argv))
+    except FlagError as err:
+        sys.stderr.write(f"{err}\n{usage_text()}")
+        return 2
+    if parsed.help:
+        sys.stderr.write(usage_text())
+        return 0
+    if not parsed.positionals:
+        raise CLIError("the node daemon is not built yet; see README.md for what works today")
+    name, rest = parsed.positionals[0], parsed.positionals[1:]
+    if parsed.explicit:
+        raise CLIError("root flags cannot be combined with subcommands")
+    handler = SUBCOMMAND_HANDLERS.get(name)
+    if handler is None:
+        supported = ", ".join(sorted(SUBCOMMAND_HANDLERS))
+        raise CLIError(f'unknown subcommand "{name}"; supported subcommands: {supported}')
+    return handler(rest)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and os.path.basename(sys.argv[0]) == "dracpu-gatherinfo":
+        args = ["gatherinfo", *args]
+    try:
+        return run(args)
+    except _HelpRequested:
+        return 0
+    except CLIError as err:
+        print(f"dracpu: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def gatherinfo_main() -> int:
+    """The legacy `dracpu-gatherinfo` entry point (behavior.md §2.1)."""
+    return main(["gatherinfo", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

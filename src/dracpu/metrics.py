@@ -1,0 +1,142 @@
+"""The driver's own Prometheus metrics (behavior.md §2.4 and §15).
+
+The help strings are data: `/metrics` and `dracpu introspect metrics` expose them verbatim.
+Collectors live on a registry passed in (never the global one), so tests and the simulated
+node can run several drivers in one process.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["METRIC_DEFINITIONS", "DriverMetrics", "MetricDefinition", "describe_metrics_json"]
+
+RESULT_LABELS = ("success", "error", "unknown")
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+CPU_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDefinition:
+    name: str
+    type: str
+    help: str
+    labels: tuple[str, ...] = ()
+    stability: str = "ALPHA"
+
+
+METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
+    MetricDefinition(
+        "dra_cpu_allocated_cpus",
+        "gauge",
+        "Number of CPUs currently allocated to prepared resource claims.",
+    ),
+    MetricDefinition(
+        "dra_cpu_available_cpus",
+        "gauge",
+        "Number of CPUs available for allocation after reserved and active claim CPUs "
+        "are excluded.",
+    ),
+    MetricDefinition(
+        "dra_cpu_reserved_cpus",
+        "gauge",
+        "Number of CPUs reserved and excluded from DRA management.",
+    ),
+    MetricDefinition(
+        "dra_cpu_resource_claims_active",
+        "gauge",
+        "Number of resource claims currently recorded as active by the allocation store.",
+    ),
+    MetricDefinition(
+        "dra_cpu_prepare_claims_total",
+        "counter",
+        "Total number of per-claim PrepareResourceClaims results.",
+        ("result",),
+    ),
+    MetricDefinition(
+        "dra_cpu_unprepare_claims_total",
+        "counter",
+        "Total number of per-claim UnprepareResourceClaims results.",
+        ("result",),
+    ),
+    MetricDefinition(
+        "dra_cpu_prepare_claim_duration_seconds",
+        "histogram",
+        "Duration of per-claim prepare operations in seconds.",
+    ),
+    MetricDefinition(
+        "dra_cpu_claim_allocated_cpus",
+        "histogram",
+        "Number of CPUs allocated for each newly successful claim allocation.",
+    ),
+)
+
+
+def describe_metrics_json() -> str:
+    """The JSON document of `dracpu introspect metrics`: 2-space indent, trailing newline."""
+    doc = [
+        {
+            "name": d.name,
+            "type": d.type,
+            "stability": d.stability,
+            "help": d.help,
+            "labels": list(d.labels),
+        }
+        for d in METRIC_DEFINITIONS
+    ]
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _defn(name: str) -> MetricDefinition:
+    return next(d for d in METRIC_DEFINITIONS if d.name == name)
+
+
+class DriverMetrics:
+    """The eight contract metrics, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str) -> Gauge:
+            return Gauge(name, _defn(name).help, registry=registry)
+
+        def counter(name: str) -> Counter:
+            # prometheus-client appends `_total` itself; give it the bare name.
+            c = Counter(
+                name.removesuffix("_total"), _defn(name).help, ["result"], registry=registry
+            )
+            for result in RESULT_LABELS:
+                c.labels(result=result)
+            return c
+
+        self.allocated_cpus = gauge("dra_cpu_allocated_cpus")
+        self.available_cpus = gauge("dra_cpu_available_cpus")
+        self.reserved_cpus = gauge("dra_cpu_reserved_cpus")
+        self.claims_active = gauge("dra_cpu_resource_claims_active")
+        self.prepare_claims = counter("dra_cpu_prepare_claims_total")
+        self.unprepare_claims = counter("dra_cpu_unprepare_claims_total")
+        self.prepare_duration = Histogram(
+            "dra_cpu_prepare_claim_duration_seconds",
+            _defn("dra_cpu_prepare_claim_duration_seconds").help,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.claim_allocated_cpus = Histogram(
+            "dra_cpu_claim_allocated_cpus",
+            _defn("dra_cpu_claim_allocated_cpus").help,
+            buckets=CPU_COUNT_BUCKETS,
+            registry=registry,
+        )
+
+    def count_prepare(self, result: str) -> None:
+        self.prepare_claims.labels(result=result if result in RESULT_LABELS else "unknown").inc()
+
+    def count_unprepare(self, result: str) -> None:
+        self.unprepare_claims.labels(result=result if result in RESULT_LABELS else "unknown").inc()
+
+    def set_snapshot(self, *, allocated: int, available: int, reserved: int, active: int) -> None:
+        self.allocated_cpus.set(allocated)
+        self.available_cpus.set(available)
+        self.reserved_cpus.set(reserved)
+        self.claims_active.set(active)
