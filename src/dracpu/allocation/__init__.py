@@ -32,3 +32,81 @@ __all__ = [
     "take_by_topology_numa_distributed",
     "take_cpus",
 ]
+
+# -- claim state and preparation (store, checkpoint, prepare, opaque, env, quantity) ---------
+from dracpu.allocation.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointVersionError,
+    decode_checkpoint,
+    encode_checkpoint,
+    is_driver_restart,
+)
+from dracpu.allocation.env import DRAEnvError, parse_dra_env
+from dracpu.allocation.opaque import DeviceConfig, OpaqueConfigError
+from dracpu.allocation.prepare import (
+    AllocationResult,
+    ClaimAllocation,
+    ClaimPlan,
+    PrepareError,
+    cdi_device_id,
+    cdi_device_name,
+    cdi_env_entry,
+    commit_plan,
+    plan_claim,
+    rollback,
+)
+from dracpu.allocation.quantity import QuantityError, parse_quantity
+from dracpu.allocation.store import (
+    AllocationStore,
+    ClaimRecord,
+    ClaimTracker,
+    ContainerRecord,
+    ContainerState,
+    Owner,
+    OwnerError,
+    PreparedDevice,
+    StateError,
+    StoreError,
+    StoreSnapshot,
+)
+
+__all__ += [
+    "CHECKPOINT_VERSION",
+    "AllocationResult",
+    "AllocationStore",
+    "Checkpoint",
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "CheckpointVersionError",
+    "ClaimAllocation",
+    "ClaimPlan",
+    "ClaimRecord",
+    "ClaimTracker",
+    "ContainerRecord",
+    "ContainerState",
+    "DRAEnvError",
+    "DeviceConfig",
+    "OpaqueConfigError",
+    "Owner",
+    "OwnerError",
+    "PrepareError",
+    "PreparedDevice",
+    "QuantityError",
+    "StateError",
+    "StoreError",
+    "StoreSnapshot",
+    "cdi_device_id",
+    "cdi_device_name",
+    "cdi_env_entry",
+    "commit_plan",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "is_driver_restart",
+    "parse_dra_env",
+    "parse_quantity",
+    "plan_claim",
+    "rollback",
+]

@@ -1,0 +1,99 @@
+"""The ``DRA_CPUSET_<claimUID>=<cpuset>`` container env entries (behavior.md §13.2).
+
+The CDI spec of a prepared claim injects one such entry into every container that uses the
+claim; the NRI plugin reads them back to learn which exclusive CPUs a container holds.
+
+This module also holds the two text forms the claim-facing messages share with upstream's
+Go code: ``go_quote`` (Go's ``%q``) and ``parse_cpuset`` (the kernel list format without the
+one trailing newline that sysfs reads are allowed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dracpu.cpuset import CPUSet, CPUSetParseError
+
+__all__ = [
+    "DRA_ENV_KEY_PREFIX",
+    "DRA_ENV_PREFIX",
+    "DRAEnvError",
+    "go_quote",
+    "parse_cpuset",
+    "parse_dra_env",
+]
+
+# Entries are looked at when they start with DRA_ENV_PREFIX; only keys that start with
+# DRA_ENV_KEY_PREFIX carry a claim UID (so ``DRA_CPUSETX=...`` is ignored, as upstream does).
+DRA_ENV_PREFIX = "DRA_CPUSET"
+DRA_ENV_KEY_PREFIX = "DRA_CPUSET_"
+
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\\": "\\\\",
+    '"': '\\"',
+}
+
+
+def go_quote(text: str) -> str:
+    """``text`` as Go's ``strconv.Quote`` writes it, so messages match upstream byte for byte."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            # A lone surrogate is not a valid rune; Go prints the replacement character.
+            out.append("\\ufffd")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def parse_cpuset(text: str) -> CPUSet:
+    """Parse a cpuset that came from a user or a runtime, not from sysfs.
+
+    ``CPUSet.parse`` forgives one trailing newline because sysfs files end with one; a
+    value in an env entry or an opaque config has no such excuse.
+    """
+    if text.endswith("\n"):
+        raise CPUSetParseError(text, text.rsplit(",", 1)[-1], "not a cpu id or range")
+    return CPUSet.parse(text)
+
+
+class DRAEnvError(ValueError):
+    """A ``DRA_CPUSET`` env entry that cannot be read; the message is the container's error."""
+
+
+def parse_dra_env(env: Iterable[str]) -> dict[str, CPUSet]:
+    """Claim UID -> cpuset from a container's env; later entries for a UID win."""
+    claims: dict[str, CPUSet] = {}
+    for entry in env:
+        if not entry.startswith(DRA_ENV_PREFIX):
+            continue
+        key, sep, value = entry.partition("=")
+        if not sep:
+            raise DRAEnvError(f"malformed DRA env entry {go_quote(entry)}")
+        if not key.startswith(DRA_ENV_KEY_PREFIX):
+            continue
+        try:
+            cpus = parse_cpuset(value)
+        except CPUSetParseError as exc:
+            raise DRAEnvError(
+                f"failed to parse cpuset value {go_quote(value)} from env {go_quote(entry)}: {exc}"
+            ) from None
+        claims[key[len(DRA_ENV_KEY_PREFIX) :]] = cpus
+    return claims

@@ -1,0 +1,392 @@
+"""The per-claim prepare decision (behavior.md §8.1-§8.3, §8.5, §8.6), without any I/O.
+
+``plan_claim`` looks at one allocated claim and the current store and says which CPUs the
+claim gets and which devices the kubelet is told about, or raises ``PrepareError`` with the
+claim's error text. ``commit_plan`` reserves the CPUs in the store; the caller then writes
+the CDI spec and, when that fails, calls ``rollback``. Reserving before the file write is
+what keeps two prepares from ever getting the same CPUs (§8.7).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import msgspec
+
+from dracpu.allocation.allocator import AllocationError, take_cpus
+from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, go_quote
+from dracpu.allocation.opaque import (
+    DRIVER_NAME,
+    DeviceConfig,
+    OpaqueConfigError,
+    check_override,
+    parse_cpuset_override,
+    select_allocation_options,
+    select_cpuset_override,
+)
+from dracpu.allocation.options import DEFAULT_OPTIONS, AllocationOptions
+from dracpu.allocation.quantity import QuantityError, is_whole, parse_quantity
+from dracpu.allocation.store import (
+    AllocationStore,
+    ClaimRecord,
+    PreparedDevice,
+    StoreError,
+)
+from dracpu.cpuset import CPUSet
+from dracpu.topology.model import Topology
+
+__all__ = [
+    "CAPACITY_NAME",
+    "CDI_CLASS",
+    "CDI_KIND",
+    "CDI_VENDOR",
+    "AllocationResult",
+    "ClaimAllocation",
+    "ClaimPlan",
+    "DeviceNames",
+    "PrepareError",
+    "cdi_device_id",
+    "cdi_device_name",
+    "cdi_env_entry",
+    "commit_plan",
+    "plan_claim",
+    "rollback",
+]
+
+CAPACITY_NAME = "dra.cpu/cpu"
+CDI_VENDOR = "dra.k8s.io"
+CDI_CLASS = "cpu"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+
+class PrepareError(Exception):
+    """The claim cannot be prepared; ``str(exc)`` is the per-claim error of the reply."""
+
+
+class AllocationResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``status.allocation.devices.results[]`` entry (the fields prepare reads)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    consumed_capacity: dict[str, str] = msgspec.field(default_factory=dict)
+    share_id: str = ""
+
+
+class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    """A ResourceClaim as prepare sees it. ``allocated`` is False when status.allocation is
+    nil; ``configs`` is ``status.allocation.devices.config[]``."""
+
+    uid: str
+    namespace: str
+    name: str
+    allocated: bool = True
+    results: tuple[AllocationResult, ...] = ()
+    configs: tuple[DeviceConfig, ...] = ()
+
+
+class ClaimPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What prepare decided. ``already_prepared``: the store held the claim already, so
+    commit and rollback leave the store alone and only the CDI spec is rewritten."""
+
+    record: ClaimRecord
+    already_prepared: bool = False
+
+    @property
+    def claim_uid(self) -> str:
+        return self.record.uid
+
+    @property
+    def cpus(self) -> CPUSet:
+        return self.record.cpus
+
+    @property
+    def devices(self) -> tuple[PreparedDevice, ...]:
+        return self.record.devices
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing for this driver: no devices, no CDI spec, no reservation."""
+        return not self.record.devices
+
+
+class DeviceNames(Protocol):
+    """The published device names prepare resolves (devices.DeviceInventory provides them).
+
+    ``mode`` is ``individual`` or ``grouped``; ``group_by`` is ``numanode``, ``socket`` or
+    ``machine``. ``cpu_of_device`` is filled in individual mode, ``group_of_device`` (NUMA
+    or socket id) in grouped numanode/socket mode.
+    """
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def group_by(self) -> str: ...
+
+    @property
+    def cpu_of_device(self) -> Mapping[str, int]: ...
+
+    @property
+    def group_of_device(self) -> Mapping[str, int]: ...
+
+
+# -- CDI names (§8.5, §10.1) -----------------------------------------------------------------
+
+
+def cdi_device_name(claim_uid: str) -> str:
+    return f"claim-{claim_uid}"
+
+
+def cdi_device_id(claim_uid: str) -> str:
+    """The fully qualified CDI device id handed to the kubelet."""
+    return f"{CDI_KIND}={cdi_device_name(claim_uid)}"
+
+
+def cdi_env_entry(claim_uid: str, cpus: CPUSet) -> str:
+    """The env entry the CDI spec injects; the UID goes in verbatim, hyphens and all."""
+    return f"{DRA_ENV_KEY_PREFIX}{claim_uid}={cpus.format()}"
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def _claim_ref(claim: ClaimAllocation) -> str:
+    return f"{claim.namespace}/{claim.name}"
+
+
+def _allocated_num_cpus(result: AllocationResult) -> int | None:
+    raw = result.consumed_capacity.get(CAPACITY_NAME)
+    if raw is None:
+        return None
+    try:
+        return math.ceil(parse_quantity(raw))
+    except QuantityError:
+        return None
+
+
+def _prepared_device(result: AllocationResult, allocated: int | None) -> PreparedDevice:
+    return PreparedDevice(
+        pool_name=result.pool,
+        device_name=result.device,
+        request_names=(result.request,) if result.request else (),
+        allocated_num_cpus=allocated,
+    )
+
+
+def _devices(results: Sequence[AllocationResult]) -> tuple[PreparedDevice, ...]:
+    return tuple(_prepared_device(r, _allocated_num_cpus(r)) for r in results)
+
+
+def _record(
+    claim: ClaimAllocation,
+    cpus: CPUSet,
+    results: Sequence[AllocationResult],
+    options: dict[str, AllocationOptions] | None = None,
+) -> ClaimRecord:
+    return ClaimRecord(
+        uid=claim.uid,
+        namespace=claim.namespace,
+        name=claim.name,
+        cpus=cpus,
+        devices=_devices(results),
+        options=options or {},
+    )
+
+
+def _again(
+    claim: ClaimAllocation, stored: ClaimRecord, results: Sequence[AllocationResult]
+) -> ClaimPlan:
+    # A repeated prepare: stored CPUs, devices of the results as they are now (§8.2 step 2).
+    record = msgspec.structs.replace(
+        stored, namespace=claim.namespace, name=claim.name, devices=_devices(results)
+    )
+    return ClaimPlan(record=record, already_prepared=True)
+
+
+def _plan_individual(
+    claim: ClaimAllocation,
+    ours: Sequence[AllocationResult],
+    names: DeviceNames,
+    store: AllocationStore,
+) -> ClaimPlan:
+    mask = 0
+    for result in ours:
+        cpu = names.cpu_of_device.get(result.device)
+        if cpu is None:
+            raise PrepareError(
+                f"device {go_quote(result.device)} not found in device to CPU ID map"
+            )
+        mask |= 1 << cpu
+    cpus = CPUSet.from_mask(mask)
+    if not ours:
+        return ClaimPlan(record=_record(claim, cpus, ()))
+    stored = store.get(claim.uid)
+    if stored is not None:
+        if stored.cpus == cpus:
+            return _again(claim, stored, ours)
+        raise PrepareError(
+            f"claim {_claim_ref(claim)} is already prepared with different CPUs "
+            f"{stored.cpus} (requested {cpus})"
+        )
+    if not cpus <= store.shared_pool:
+        raise PrepareError(
+            f"claim {_claim_ref(claim)} has overlapping device assignment with other claims"
+        )
+    return ClaimPlan(record=_record(claim, cpus, ours))
+
+
+def _requested_count(result: AllocationResult) -> int:
+    """§8.2 step 3 capacity checks: the result's ``dra.cpu/cpu`` as a positive integer."""
+    device = go_quote(result.device)
+    raw = result.consumed_capacity.get(CAPACITY_NAME)
+    if raw is None:
+        raise PrepareError(f"CPU capacity {go_quote(CAPACITY_NAME)} for device {device} is missing")
+    try:
+        value = parse_quantity(raw)
+    except QuantityError as exc:
+        raise PrepareError(f"CPU capacity for device {device} is not a quantity: {exc}") from None
+    if value <= 0:
+        raise PrepareError(f"CPU capacity for device {device} must be positive, got {raw}")
+    if not is_whole(value):
+        raise PrepareError(f"CPU capacity for device {device} must be a whole number, got {raw}")
+    return int(value)
+
+
+_GROUP_WORDS = {"socket": "socket ID", "numanode": "NUMA node ID"}
+
+
+def _pick_from_group(
+    result: AllocationResult,
+    count: int,
+    *,
+    configs: Sequence[DeviceConfig],
+    names: DeviceNames,
+    topology: Topology,
+    free: CPUSet,
+) -> tuple[CPUSet, AllocationOptions | None]:
+    group = names.group_of_device.get(result.device)
+    if group is None:
+        word = _GROUP_WORDS.get(names.group_by, names.group_by)
+        raise PrepareError(f"no valid {word} found for device {result.device}")
+    by_group = topology.by_socket if names.group_by == "socket" else topology.by_numa
+    candidates = free & by_group.get(group, CPUSet())
+    try:
+        options = select_allocation_options(configs, result.request)
+        return take_cpus(topology, candidates, count, options or DEFAULT_OPTIONS), options
+    except (OpaqueConfigError, AllocationError) as exc:
+        raise PrepareError(str(exc)) from None
+
+
+def _pick_override(
+    result: AllocationResult,
+    count: int,
+    *,
+    configs: Sequence[DeviceConfig],
+    store: AllocationStore,
+    online: CPUSet,
+    assigned: CPUSet,
+) -> CPUSet:
+    try:
+        config = select_cpuset_override(configs, result.request)
+        cpus = parse_cpuset_override(config, result.request)
+        check_override(
+            cpus,
+            count=count,
+            online=online,
+            reserved=store.reserved,
+            assigned=assigned,
+            prepared=store.prepared,
+        )
+    except OpaqueConfigError as exc:
+        raise PrepareError(str(exc)) from None
+    return cpus
+
+
+def _plan_grouped(
+    claim: ClaimAllocation,
+    ours: Sequence[AllocationResult],
+    *,
+    names: DeviceNames,
+    topology: Topology,
+    store: AllocationStore,
+    online: CPUSet,
+) -> ClaimPlan:
+    stored = store.get(claim.uid)
+    if stored is not None:
+        return _again(claim, stored, ours)
+    free = store.shared_pool
+    assigned = CPUSet()
+    options: dict[str, AllocationOptions] = {}
+    for result in ours:
+        count = _requested_count(result)
+        if names.group_by == "machine":
+            pick = _pick_override(
+                result, count, configs=claim.configs, store=store, online=online, assigned=assigned
+            )
+        else:
+            pick, chosen = _pick_from_group(
+                result,
+                count,
+                configs=claim.configs,
+                names=names,
+                topology=topology,
+                free=free - assigned,
+            )
+            if chosen is not None:
+                options[result.request] = chosen
+        assigned |= pick
+    if not assigned:
+        return ClaimPlan(record=_record(claim, assigned, ()))
+    return ClaimPlan(record=_record(claim, assigned, ours, options))
+
+
+def plan_claim(
+    claim: ClaimAllocation,
+    *,
+    inventory: DeviceNames,
+    topology: Topology,
+    store: AllocationStore,
+    online: CPUSet,
+) -> ClaimPlan:
+    """Decide one claim's CPUs and devices; PrepareError carries the claim's error text."""
+    if not claim.allocated:
+        raise PrepareError(f"claim {_claim_ref(claim)} has no allocation")
+    ours = [r for r in claim.results if r.driver == DRIVER_NAME]
+    if inventory.mode == "individual":
+        return _plan_individual(claim, ours, inventory, store)
+    return _plan_grouped(
+        claim, ours, names=inventory, topology=topology, store=store, online=online
+    )
+
+
+# -- commit and rollback (§8.6) ----------------------------------------------------------------
+
+
+def commit_plan(store: AllocationStore, plan: ClaimPlan) -> bool:
+    """Reserve a plan's CPUs before any file is written. True when the store changed.
+
+    The store re-checks overlap itself, so a plan that went stale raises PrepareError
+    with the store's message instead of handing out a CPU twice.
+    """
+    if plan.already_prepared or plan.is_empty:
+        return False
+    try:
+        return store.reserve(plan.record)
+    except StoreError as exc:
+        raise PrepareError(str(exc)) from None
+
+
+def rollback(store: AllocationStore, plan: ClaimPlan) -> None:
+    """Undo ``commit_plan`` after a failed CDI write.
+
+    A claim that was prepared before this call keeps its allocation; a new one is released,
+    so the shared pool is as it was.
+    """
+    if plan.already_prepared or plan.is_empty:
+        return
+    if store.cpus_of(plan.claim_uid) == plan.cpus:
+        store.release(plan.claim_uid)
