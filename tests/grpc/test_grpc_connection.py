@@ -1,0 +1,262 @@
+"""The sans-IO connection core, driven by an in-memory h2 client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+from grpclib.const import Status
+from h2.errors import ErrorCodes
+
+from dracpu.grpc.connection import (
+    ConnectionClosed,
+    GRPCServerConnection,
+    RequestReceived,
+    StreamAborted,
+    decode_metadata,
+)
+from dracpu.grpc.framing import encode_message
+
+PATH = b"/pkg.Svc/Call"
+
+
+class Pair:
+    def __init__(self) -> None:
+        self.server = GRPCServerConnection()
+        self.client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.server.initiate()
+        self.client.initiate_connection()
+        self.client_events: list[h2.events.Event] = []
+        self.exchange()
+
+    def exchange(self) -> list[object]:
+        """Move bytes both ways until quiet; return the server's gRPC events."""
+        events: list[object] = []
+        while True:
+            to_server = self.client.data_to_send()
+            if to_server:
+                events += self.server.receive_data(to_server)
+            to_client = self.server.data_to_send()
+            if to_client:
+                self.client_events += self.client.receive_data(to_client)
+            if not to_server and not to_client:
+                return events
+
+    def request(self, body: bytes | None, extra: list[tuple[bytes, bytes]] | None = None) -> int:
+        sid: int = self.client.get_next_available_stream_id()
+        headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", PATH),
+            (b":authority", b"localhost"),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            *(extra or []),
+        ]
+        self.client.send_headers(sid, headers, end_stream=body is None)
+        if body is not None:
+            self.client.send_data(sid, body, end_stream=True)
+        return sid
+
+    def of(self, kind: type, sid: int) -> list[Any]:
+        return [
+            e
+            for e in self.client_events
+            if isinstance(e, kind) and getattr(e, "stream_id", 0) == sid
+        ]
+
+
+def test_unary_request_reply_in_one_flush() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b"\x0a\x01x"), [(b"grpc-timeout", b"999975u")])
+    events = pair.exchange()
+    assert events == [RequestReceived(sid, "/pkg.Svc/Call", b"\x0a\x01x", (), 0.999975)]
+    pair.server.send_message(sid, b"reply")
+    pair.server.send_status(sid, Status.OK)
+    assert pair.server.active_streams == 0
+    pair.exchange()
+    (resp,) = pair.of(h2.events.ResponseReceived, sid)
+    assert resp.headers == [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    (data,) = pair.of(h2.events.DataReceived, sid)
+    assert data.data == b"\x00\x00\x00\x00\x05reply"
+    (trailers,) = pair.of(h2.events.TrailersReceived, sid)
+    assert trailers.headers == [(b"grpc-status", b"0")]
+
+
+def test_metadata_decoding() -> None:
+    headers = [
+        (b":path", b"/a/b"),
+        (b"user-agent", b"grpc-go/1.2"),
+        (b"x-op", b"abc"),
+        (b"x-id-bin", b"AAEC"),
+        (b"x-short-bin", b"AAE"),
+        (b"x-bad-bin", b"*"),
+    ]
+    assert decode_metadata(headers) == (
+        ("x-op", "abc"),
+        ("x-id-bin", b"\x00\x01\x02"),
+        ("x-short-bin", b"\x00\x01"),
+    )
+
+
+def _trailers_only(pair: Pair, sid: int) -> list[tuple[bytes, bytes]]:
+    (resp,) = pair.of(h2.events.ResponseReceived, sid)
+    assert pair.of(h2.events.StreamEnded, sid)
+    return list(resp.headers)
+
+
+def test_bad_timeout_is_invalid_argument_trailers_only() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b""), [(b"grpc-timeout", b"10s")])
+    assert pair.exchange() == []
+    assert _trailers_only(pair, sid) == [
+        (b":status", b"200"),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", b"3"),
+        (b"grpc-message", b"invalid grpc-timeout: '10s'"),
+    ]
+
+
+def test_wrong_content_type_is_415() -> None:
+    pair = Pair()
+    sid: int = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(
+        sid,
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", PATH),
+            (b":authority", b"x"),
+            (b"content-type", b"application/json"),
+        ],
+        end_stream=True,
+    )
+    assert pair.exchange() == []
+    assert _trailers_only(pair, sid) == [
+        (b":status", b"415"),
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", b"13"),
+        (b"grpc-message", b"invalid gRPC content-type 'application/json'"),
+    ]
+
+
+def test_get_is_405() -> None:
+    pair = Pair()
+    sid: int = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(
+        sid,
+        [
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":path", PATH),
+            (b":authority", b"x"),
+            (b"content-type", b"application/grpc"),
+        ],
+    )
+    pair.exchange()
+    assert _trailers_only(pair, sid)[0] == (b":status", b"405")
+    # Answered before the client finished: the stream is released with RST(NO_ERROR).
+    (reset,) = pair.of(h2.events.StreamReset, sid)
+    assert reset.error_code == ErrorCodes.NO_ERROR
+
+
+def test_no_message_and_two_messages_are_internal() -> None:
+    pair = Pair()
+    none_sid = pair.request(None)
+    two_sid = pair.request(encode_message(b"a") + encode_message(b"b"))
+    assert pair.exchange() == []
+    assert _trailers_only(pair, none_sid)[3] == (
+        b"grpc-message",
+        b"unary request carries no message",
+    )
+    assert _trailers_only(pair, two_sid)[2:] == [
+        (b"grpc-status", b"13"),
+        (b"grpc-message", b"unary request carries more than one message"),
+    ]
+
+
+def test_truncated_message_is_internal() -> None:
+    pair = Pair()
+    sid = pair.request(b"\x00\x00\x00\x00\x09abc")
+    assert pair.exchange() == []
+    assert _trailers_only(pair, sid)[3] == (
+        b"grpc-message",
+        b"request ended inside a message (3 of 9 bytes)",
+    )
+
+
+def test_client_reset_aborts_stream() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b""))
+    pair.exchange()
+    pair.client.reset_stream(sid, ErrorCodes.CANCEL)
+    assert pair.exchange() == [StreamAborted(sid)]
+    pair.server.send_message(sid, b"late")  # dropped, no exception
+    pair.server.send_status(sid, Status.OK)
+    pair.exchange()
+    assert pair.of(h2.events.DataReceived, sid) == []
+
+
+def test_reply_larger_than_window_waits_for_window_update() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b""))
+    pair.exchange()
+    payload = b"z" * 100_000
+    pair.server.send_message(sid, payload)
+    pair.server.send_status(sid, Status.OK)
+    # 65,535 bytes fit the initial window; the rest waits.
+    assert pair.server.outbound_pending(sid) == 100_005 - 65_535
+    # The client does not acknowledge yet: nothing more leaves.
+    received = pair.client.receive_data(pair.server.data_to_send())
+    got = sum(len(e.data) for e in received if isinstance(e, h2.events.DataReceived))
+    assert got == 65_535
+    assert pair.server.outbound_pending(sid) == 34_470
+    pair.client.acknowledge_received_data(65_535, sid)
+    pair.exchange()
+    assert pair.server.outbound_pending(sid) == 0
+    assert pair.server.active_streams == 0
+    (trailers,) = pair.of(h2.events.TrailersReceived, sid)
+    assert trailers.headers == [(b"grpc-status", b"0")]
+
+
+def test_graceful_shutdown_refuses_new_streams() -> None:
+    pair = Pair()
+    first = pair.request(encode_message(b""))
+    pair.exchange()
+    pair.server.start_shutdown()
+    pair.exchange()
+    (goaway,) = [e for e in pair.client_events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert isinstance(goaway, h2.events.ConnectionTerminated)
+    assert (goaway.error_code, goaway.last_stream_id, goaway.additional_data) == (
+        ErrorCodes.NO_ERROR,
+        first,
+        b"server shutdown",
+    )
+    # The accepted stream can still be answered.
+    pair.server.send_message(first, b"ok")
+    pair.server.send_status(first, Status.OK)
+    assert pair.server.active_streams == 0
+
+
+def test_stream_opened_after_goaway_is_refused() -> None:
+    pair = Pair()
+    pair.server.start_shutdown()
+    pair.server.data_to_send()  # a peer that never saw the GOAWAY
+    sid = pair.request(encode_message(b""))
+    assert pair.exchange() == []
+    (reset,) = pair.of(h2.events.StreamReset, sid)
+    assert reset.error_code == ErrorCodes.REFUSED_STREAM
+    assert pair.server.active_streams == 0
+
+
+def test_garbage_preface_closes_connection() -> None:
+    server = GRPCServerConnection()
+    server.initiate()
+    events = server.receive_data(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 10)
+    assert events == [ConnectionClosed(ErrorCodes.PROTOCOL_ERROR)]
+    assert server.closed
+    assert server.receive_data(b"more") == []
