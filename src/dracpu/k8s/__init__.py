@@ -1,0 +1,1 @@
+"""The Kubernetes API, reached with the official ``kubernetes`` client in worker threads."""

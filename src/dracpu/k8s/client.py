@@ -1,0 +1,235 @@
+"""The official ``kubernetes`` client, called from Trio.
+
+Every call runs in a worker thread (``trio.to_thread.run_sync``) under one bounded
+``CapacityLimiter``, and every failure leaves as a ``K8sError``: the kubernetes and
+urllib3 exception types stop at this boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import trio
+import urllib3.exceptions
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+__all__ = [
+    "Conflict",
+    "ConnectionFailed",
+    "Gone",
+    "Invalid",
+    "K8sError",
+    "KubeClient",
+    "NotFound",
+    "ServerError",
+    "TooManyRequests",
+    "load_api_client",
+    "translate_error",
+]
+
+T = TypeVar("T")
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class K8sError(Exception):
+    """A failed API call. ``str()`` is the server's Status message when it sent one."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(K8sError):
+    pass
+
+
+class Conflict(K8sError):
+    """409: a stale resourceVersion (reason Conflict) or an existing name (AlreadyExists)."""
+
+
+class Gone(K8sError):
+    """410: the requested resourceVersion is older than the server keeps."""
+
+
+class Invalid(K8sError):
+    """422: the object failed validation."""
+
+
+class TooManyRequests(K8sError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = 429,
+        reason: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status, reason=reason)
+        self.retry_after = retry_after
+
+
+class ServerError(K8sError):
+    """5xx."""
+
+
+class ConnectionFailed(K8sError):
+    """No HTTP answer at all: refused, reset, timed out, dropped."""
+
+
+class ConfigError(K8sError):
+    """The kubeconfig or in-cluster environment cannot be used."""
+
+
+def _status_fields(body: str | bytes | None) -> tuple[str, str]:
+    """(message, reason) of a Status body, or ("", "") when it is not one."""
+    if not body:
+        return "", ""
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return "", ""
+    if not isinstance(data, dict) or data.get("kind") != "Status":
+        return "", ""
+    return str(data.get("message", "")), str(data.get("reason", ""))
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    headers = exc.headers or {}
+    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def translate_error(exc: BaseException) -> K8sError:
+    """Map a kubernetes / urllib3 exception onto the ``K8sError`` hierarchy."""
+    if isinstance(exc, K8sError):
+        return exc
+    if isinstance(exc, ApiException):
+        code = int(exc.status or 0)
+        message, reason = _status_fields(exc.body)
+        if not message:
+            message = f"({code}) {exc.reason or 'error'}"
+        if code == 404:
+            return NotFound(message, status=code, reason=reason)
+        if code == 409:
+            return Conflict(message, status=code, reason=reason)
+        if code == 410:
+            return Gone(message, status=code, reason=reason)
+        if code == 422:
+            return Invalid(message, status=code, reason=reason)
+        if code == 429:
+            return TooManyRequests(
+                message, status=code, reason=reason, retry_after=_retry_after(exc)
+            )
+        if code == 0:
+            return ConnectionFailed(message, status=None, reason=reason)
+        if code >= 500:
+            return ServerError(message, status=code, reason=reason)
+        return K8sError(message, status=code, reason=reason)
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return ConnectionFailed(f"connection to the API server failed: {exc}")
+    if isinstance(exc, ConfigException):
+        return ConfigError(f"kubernetes client configuration: {exc}")
+    return K8sError(f"{type(exc).__name__}: {exc}")
+
+
+def _bypass_proxy_for_loopback(configuration: k8s_client.Configuration) -> None:
+    # A proxy from HTTP(S)_PROXY would swallow loopback traffic (the simulated API
+    # server); a proxy the kubeconfig names explicitly is kept.
+    host = urlsplit(configuration.host).hostname or ""
+    if host in _LOOPBACK:
+        configuration.proxy = None
+
+
+def load_api_client(
+    kubeconfig: str | None, *, context: str | None = None, retries: int | None = None
+) -> k8s_client.ApiClient:
+    """An ``ApiClient`` from a kubeconfig file, or in-cluster when ``kubeconfig`` is None."""
+    configuration = k8s_client.Configuration()
+    try:
+        if kubeconfig is None:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+    except (ConfigException, OSError, ValueError) as exc:
+        where = "in-cluster config" if kubeconfig is None else f"kubeconfig {kubeconfig}"
+        raise ConfigError(f"load {where}: {exc}") from exc
+    _bypass_proxy_for_loopback(configuration)
+    if retries is not None:
+        configuration.retries = retries
+    return k8s_client.ApiClient(configuration)
+
+
+class KubeClient:
+    """Trio-side access to one ``ApiClient``. Constructing it does no I/O."""
+
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient,
+        *,
+        max_concurrent_calls: int = 4,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.api_client = api_client
+        self.limiter = trio.CapacityLimiter(max_concurrent_calls)
+        self.request_timeout = request_timeout
+        self.core = k8s_client.CoreV1Api(api_client)
+        self.resource = k8s_client.ResourceV1Api(api_client)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None, **kwargs: Any) -> KubeClient:
+        """``path=None`` means in-cluster configuration."""
+        return cls(load_api_client(path), **kwargs)
+
+    @property
+    def host(self) -> str:
+        return str(self.api_client.configuration.host)
+
+    async def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` (a generated API method) in a worker thread."""
+        kwargs.setdefault("_request_timeout", self.request_timeout)
+        try:
+            # abandon_on_cancel: shutdown must not wait for a slow HTTP call; the thread
+            # finishes on its own and its result is dropped.
+            return await trio.to_thread.run_sync(
+                partial(fn, *args, **kwargs), limiter=self.limiter, abandon_on_cancel=True
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate_error(exc) from exc
+
+    async def call_raw(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> bytes:
+        """Like ``call`` but returns the response body unparsed (no model objects), for
+        callers that decode it into their own typed Structs."""
+        kwargs["_preload_content"] = False
+
+        def run() -> bytes:
+            response = fn(*args, **kwargs)
+            try:
+                return bytes(response.data)
+            finally:
+                response.release_conn()
+
+        kwargs.setdefault("_request_timeout", self.request_timeout)
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate_error(exc) from exc
+
+    def close(self) -> None:
+        self.api_client.close()  # type: ignore[no-untyped-call]

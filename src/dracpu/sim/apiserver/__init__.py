@@ -1,0 +1,31 @@
+"""A loopback Kubernetes API server for the simulated node (protocols.md §4).
+
+The pure core (``store``, ``selectors``, ``validation``, ``patch``, ``handler``, ``faults``,
+``discovery``) holds objects and decides answers; ``http`` is the Trio + h11 shell and
+``server`` ties them into ``SimAPIServer``.
+"""
+
+from __future__ import annotations
+
+from dracpu.sim.apiserver.errors import ApiError
+from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu.sim.apiserver.server import (
+    SimAPIServer,
+    kubeconfig_document,
+    main_apiserver,
+    serve,
+    write_kubeconfig,
+)
+from dracpu.sim.apiserver.store import ObjectStore
+
+__all__ = [
+    "ApiError",
+    "CallCounter",
+    "FaultInjector",
+    "ObjectStore",
+    "SimAPIServer",
+    "kubeconfig_document",
+    "main_apiserver",
+    "serve",
+    "write_kubeconfig",
+]

@@ -1,0 +1,161 @@
+"""API errors as the real API server words them, and their ``Status`` bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ApiError",
+    "FieldError",
+    "already_exists",
+    "bad_request",
+    "conflict",
+    "gone",
+    "invalid",
+    "not_found",
+    "status_for_code",
+]
+
+# HTTP code -> Status reason, for the codes the simulator produces.
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+class FieldError:
+    """One field error of a 422 ``Invalid`` answer (Go's ``field.Error``)."""
+
+    __slots__ = ("field", "message", "reason")
+
+    def __init__(self, reason: str, field: str, message: str) -> None:
+        self.reason = reason
+        self.field = field
+        self.message = message
+
+    def render(self) -> str:
+        return f"{self.field}: {self.message}"
+
+    def cause(self) -> dict[str, str]:
+        return {"reason": self.reason, "message": self.message, "field": self.field}
+
+    def __repr__(self) -> str:
+        return f"FieldError({self.reason!r}, {self.render()!r})"
+
+
+class ApiError(Exception):
+    """A failed request; ``status()`` is the JSON body the real server would send."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+        self.retry_after = retry_after
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+        }
+        if self.details:
+            body["details"] = self.details
+        body["code"] = self.code
+        return body
+
+
+def _details(name: str, group: str, kind: str) -> dict[str, Any]:
+    details: dict[str, Any] = {"name": name}
+    if group:
+        details["group"] = group
+    details["kind"] = kind
+    return details
+
+
+def _qualified(plural: str, group: str) -> str:
+    return f"{plural}.{group}" if group else plural
+
+
+def not_found(plural: str, group: str, name: str) -> ApiError:
+    return ApiError(
+        404,
+        "NotFound",
+        f'{_qualified(plural, group)} "{name}" not found',
+        _details(name, group, plural),
+    )
+
+
+def already_exists(plural: str, group: str, name: str) -> ApiError:
+    return ApiError(
+        409,
+        "AlreadyExists",
+        f'{_qualified(plural, group)} "{name}" already exists',
+        _details(name, group, plural),
+    )
+
+
+def conflict(plural: str, group: str, name: str, why: str) -> ApiError:
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {_qualified(plural, group)} "{name}": {why}',
+        _details(name, group, plural),
+    )
+
+
+STALE_OBJECT = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
+
+
+def invalid(kind: str, group: str, name: str, errors: list[FieldError]) -> ApiError:
+    rendered = [e.render() for e in errors]
+    summary = rendered[0] if len(rendered) == 1 else "[" + ", ".join(rendered) + "]"
+    details = _details(name, group, kind)
+    details["causes"] = [e.cause() for e in errors]
+    return ApiError(
+        422,
+        "Invalid",
+        f"{kind}.{group or ''}".rstrip(".") + f' "{name}" is invalid: {summary}',
+        details,
+    )
+
+
+def gone(message: str) -> ApiError:
+    return ApiError(410, "Expired", message)
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def status_for_code(code: int, message: str) -> ApiError:
+    """An error for an injected fault or a generic failure with this HTTP code."""
+    retry_after = 1 if code == 429 else None
+    details: dict[str, Any] | None = {"retryAfterSeconds": 1} if code == 429 else None
+    return ApiError(code, _REASONS.get(code, "Unknown"), message, details, retry_after=retry_after)

@@ -1,0 +1,302 @@
+"""One HTTP request in, one decision out: a complete response, the start of a watch, or
+"drop the connection" (an injected fault). Pure: the Trio shell in ``http.py`` does the
+I/O. Paths follow the real API server's REST layout (protocols.md §4)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+
+from dracpu.sim.apiserver import discovery, errors
+from dracpu.sim.apiserver.errors import ApiError
+from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu.sim.apiserver.resources import ResourceType, resource_by_path
+from dracpu.sim.apiserver.selectors import (
+    FieldSelector,
+    LabelSelector,
+    parse_field_selector,
+    parse_label_selector,
+)
+from dracpu.sim.apiserver.store import ObjectStore
+
+__all__ = [
+    "DropConnection",
+    "Handler",
+    "Request",
+    "Response",
+    "Route",
+    "WatchStart",
+    "parse_route",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    target: str  # path and query, as received
+    headers: dict[str, str]  # lower-case names
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WatchStart:
+    """Start a watch stream; the shell registers it with the store."""
+
+    resource: ResourceType
+    namespace: str | None
+    labels: LabelSelector
+    fields: FieldSelector
+    resource_version: str | None
+    allow_bookmarks: bool
+    timeout_seconds: float | None
+    send_initial_events: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DropConnection:
+    """Close the connection without answering (fault injection)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    verb: str
+    resource: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+    @property
+    def counted_resource(self) -> str:
+        plural = self.resource.plural
+        return f"{plural}/{self.subresource}" if self.subresource else plural
+
+
+_NOT_FOUND = ApiError(404, "NotFound", "the server could not find the requested resource", {})
+_NOT_ALLOWED = ApiError(
+    405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {}
+)
+
+_COLLECTION_VERBS = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
+_ITEM_VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def parse_route(method: str, path: str, watch: bool) -> Route:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise _NOT_FOUND
+    namespace: str | None = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest or len(rest) > 3:
+        raise _NOT_FOUND
+    resource = resource_by_path(group, version, rest[0])
+    if resource is None or (namespace is not None and not resource.namespaced):
+        raise _NOT_FOUND
+    name = rest[1] if len(rest) >= 2 else None
+    subresource = rest[2] if len(rest) == 3 else None
+    if subresource is not None and (subresource != "status" or not resource.has_status):
+        raise _NOT_FOUND
+    if name is None:
+        verb = _COLLECTION_VERBS.get(method)
+        if verb == "list" and watch:
+            verb = "watch"
+        if verb in ("create", "deletecollection") and resource.namespaced and namespace is None:
+            raise _NOT_ALLOWED
+    else:
+        verb = _ITEM_VERBS.get(method)
+        if subresource is not None and verb == "delete":
+            raise _NOT_ALLOWED
+    if verb is None:
+        raise _NOT_ALLOWED
+    return Route(verb, resource, namespace, name, subresource)
+
+
+def _json(status: int, value: Any, extra: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(
+        status, msgspec.json.encode(value), (("content-type", "application/json"), *extra)
+    )
+
+
+def error_response(err: ApiError) -> Response:
+    extra = (("retry-after", str(err.retry_after)),) if err.retry_after is not None else ()
+    return _json(err.code, err.status(), extra)
+
+
+def _truthy(value: str | None) -> bool:
+    return value in ("true", "1", "True")
+
+
+class Handler:
+    def __init__(
+        self,
+        store: ObjectStore,
+        faults: FaultInjector,
+        counter: CallCounter,
+        server_address: str = "127.0.0.1:0",
+    ) -> None:
+        self.store = store
+        self.faults = faults
+        self.counter = counter
+        self.server_address = server_address
+
+    def handle(self, request: Request) -> Response | WatchStart | DropConnection:
+        split = urlsplit(request.target)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        try:
+            found = self._discovery(request.method, split.path)
+            if found is not None:
+                return _json(200, found)
+            route = parse_route(request.method, split.path, _truthy(query.get("watch")))
+        except ApiError as err:
+            return error_response(err)
+        self.counter.record(route.verb, route.counted_resource)
+        fault = self.faults.take(route.verb, route.counted_resource)
+        if fault is not None:
+            if fault.drop_connection:
+                return DropConnection()
+            return error_response(
+                errors.status_for_code(fault.status, fault.message or _fault_message(fault.status))
+            )
+        try:
+            return self._dispatch(route, request, query)
+        except ApiError as err:
+            return error_response(err)
+
+    def _discovery(self, method: str, path: str) -> dict[str, Any] | None:
+        path = path.rstrip("/") or "/"
+        parts = [p for p in path.split("/") if p]
+        if method != "GET":
+            return None
+        doc: dict[str, Any] | None = None
+        if path == "/version":
+            doc = discovery.version_info()
+        elif path == "/api":
+            doc = discovery.api_versions(self.server_address)
+        elif path == "/apis":
+            doc = discovery.api_group_list()
+        elif len(parts) == 2 and parts[0] == "api":
+            doc = discovery.api_resource_list("", parts[1])
+        elif len(parts) == 2 and parts[0] == "apis":
+            doc = discovery.api_group(parts[1])
+        elif len(parts) == 3 and parts[0] == "apis":
+            doc = discovery.api_resource_list(parts[1], parts[2])
+        else:
+            return None
+        if doc is None:
+            raise _NOT_FOUND
+        return doc
+
+    def _dispatch(
+        self, route: Route, request: Request, query: dict[str, str]
+    ) -> Response | WatchStart:
+        store, r, ns = self.store, route.resource, route.namespace
+        if route.verb in ("list", "watch", "deletecollection"):
+            labels = parse_label_selector(query.get("labelSelector", ""))
+            fields = parse_field_selector(query.get("fieldSelector", ""), r.field_labels)
+            if route.verb == "watch":
+                return self._watch(route, query, labels, fields)
+            if route.verb == "deletecollection":
+                return _json(200, store.delete_collection(r, ns, labels, fields))
+            return _json(
+                200,
+                store.list(
+                    r,
+                    ns,
+                    labels,
+                    fields,
+                    resource_version=query.get("resourceVersion"),
+                    resource_version_match=query.get("resourceVersionMatch"),
+                    limit=_int_param(query, "limit"),
+                    continue_token=query.get("continue") or None,
+                ),
+            )
+        if route.verb == "create":
+            return _json(201, store.create(r, ns, _decode(request.body)))
+        assert route.name is not None
+        if route.verb == "get":
+            return _json(200, store.get(r, ns, route.name))
+        if route.verb == "update":
+            return _json(
+                200,
+                store.update(
+                    r, ns, route.name, _decode(request.body), subresource=route.subresource
+                ),
+            )
+        if route.verb == "patch":
+            content_type = request.headers.get("content-type", "").split(";")[0].strip()
+            return _json(
+                200,
+                store.patch(
+                    r,
+                    ns,
+                    route.name,
+                    content_type,
+                    _decode(request.body),
+                    subresource=route.subresource,
+                ),
+            )
+        options = _decode(request.body) if request.body.strip() else {}
+        if not isinstance(options, dict):
+            raise errors.bad_request("the body of the request was in an unknown format")
+        grace = _int_param(query, "gracePeriodSeconds")
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
+        body, status = store.delete(r, ns, route.name, options)
+        return _json(status, body)
+
+    def _watch(
+        self, route: Route, query: dict[str, str], labels: LabelSelector, fields: FieldSelector
+    ) -> WatchStart:
+        timeout = _int_param(query, "timeoutSeconds")
+        return WatchStart(
+            resource=route.resource,
+            namespace=route.namespace,
+            labels=labels,
+            fields=fields,
+            resource_version=query.get("resourceVersion"),
+            allow_bookmarks=_truthy(query.get("allowWatchBookmarks")),
+            timeout_seconds=float(timeout) if timeout else None,
+            send_initial_events=_truthy(query.get("sendInitialEvents")),
+        )
+
+
+def _fault_message(status: int) -> str:
+    if status == 429:
+        return "Too many requests, please try again later."
+    if status == 503:
+        return "the server is currently unable to handle the request"
+    return "Internal error occurred: injected fault"
+
+
+def _int_param(query: dict[str, str], name: str) -> int | None:
+    raw = query.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.bad_request(f"invalid value for {name}: {raw!r}") from None
+
+
+def _decode(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise errors.bad_request(
+            f"the body of the request was in an unknown format: {exc}"
+        ) from None
