@@ -7,16 +7,21 @@ Errors are one line on stderr (`dracpu: <message>`) and a non-zero exit, never a
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
 from dracpu import __version__
+
+if TYPE_CHECKING:
+    from dracpu.cpuset import CPUSet
 
 __all__ = ["CLIError", "gatherinfo_main", "main"]
 
@@ -83,12 +88,19 @@ def _unpack_bundle(path: Path) -> Path:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
         raise CLIError(f"read gatherinfo report {path}: {err}") from err
-    if len(docs) != 1 or not isinstance(docs[0], dict) or not isinstance(docs[0].get("sysfs"), dict):
-        raise CLIError(f"{path} is neither a directory nor a gatherinfo report with a sysfs section")
+    if (
+        len(docs) != 1
+        or not isinstance(docs[0], dict)
+        or not isinstance(docs[0].get("sysfs"), dict)
+    ):
+        raise CLIError(
+            f"{path} is neither a directory nor a gatherinfo report with a sysfs section"
+        )
     files = docs[0]["sysfs"]
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         raise CLIError(f"{path}: the sysfs section must map paths to strings")
     dest = Path(tempfile.mkdtemp(prefix="dracpu-sysfs-"))
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
     try:
         return materialize_sysfs(files, dest)
     except (GatherinfoError, OSError) as err:
@@ -129,10 +141,14 @@ def _cmd_introspect(argv: Sequence[str]) -> int:
     handlers: dict[str, Callable[[Sequence[str]], int]] = {
         "topology": _cmd_introspect_topology,
         "metrics": _cmd_introspect_metrics,
+        "allocate": _cmd_introspect_allocate,
+        "slices": _cmd_introspect_slices,
     }
     handler = handlers.get(name)
     if handler is None:
-        raise CLIError(f'unknown introspect subcommand "{name}"; supported subcommands: {supported}')
+        raise CLIError(
+            f'unknown introspect subcommand "{name}"; supported subcommands: {supported}'
+        )
     return handler(rest)
 
 
@@ -168,6 +184,125 @@ def _cmd_introspect_topology(argv: Sequence[str]) -> int:
     topo = _discover(_sysfs_root(args.sysfs_root), overlay=args.sysfs_overlay)
     assert isinstance(topo, Topology)
     sys.stdout.write(topology_json(topo) if args.format == "json" else topology_text(topo))
+    return 0
+
+
+def _load_config(path: str | None) -> Any:
+    from dracpu.config import ConfigError, load_config
+
+    try:
+        return load_config(path or "", {})
+    except ConfigError as err:
+        raise CLIError(str(err)) from err
+
+
+def _reserved_of(config: Any, override: str | None) -> CPUSet:
+    from dracpu.cpuset import CPUSet, CPUSetParseError
+
+    text = override if override is not None else config.reservedCPUs
+    try:
+        return CPUSet.parse(text)
+    except CPUSetParseError as err:
+        raise CLIError(f"failed to parse reserved CPUs: {err}") from err
+
+
+def _cmd_introspect_allocate(argv: Sequence[str]) -> int:
+    from dracpu.allocation import (
+        AllocationError,
+        AllocationOptionsError,
+        options_from_kv,
+        take_cpus,
+    )
+    from dracpu.cpuset import CPUSet, CPUSetParseError
+    from dracpu.topology import Topology
+
+    p = _parser(
+        "dracpu introspect allocate",
+        "Print the CPUs dracpu would choose for a claim of COUNT CPUs on this node. "
+        "Exit 1 with the reason when the request cannot be met.",
+        "dracpu introspect allocate --sysfs-root tests/fake_sysfs/xeon-snc --count 20 "
+        "--option fullPCPUsOnly=true",
+    )
+    p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    p.add_argument("--config", help="driver config file (for reservedCPUs and sysfsOverlay)")
+    p.add_argument("--count", type=int, required=True, help="number of CPUs to allocate")
+    p.add_argument("--available", help="cpuset to choose from (default: all but reserved)")
+    p.add_argument("--reserved", help="reserved cpuset (default: the config's reservedCPUs)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="allocation option: fullPCPUsOnly, distributeAcrossNUMA, "
+        "preferAlignByUncoreCache (true|false), strategy (packed|spread)",
+    )
+    args = p.parse_args(argv)
+    config = _load_config(args.config)
+    try:
+        options = options_from_kv(args.option)
+    except AllocationOptionsError as err:
+        raise CLIError(str(err)) from err
+    reserved = _reserved_of(config, args.reserved)
+    topo = _discover(_sysfs_root(args.sysfs_root), overlay=config.sysfsOverlay or None, pcie=False)
+    assert isinstance(topo, Topology)
+    available = topo.all_cpus - reserved
+    if args.available is not None:
+        try:
+            available = CPUSet.parse(args.available) - reserved
+        except CPUSetParseError as err:
+            raise CLIError(f"--available: {err}") from err
+    try:
+        chosen = take_cpus(topo, available, args.count, options)
+    except AllocationError as err:
+        raise CLIError(str(err)) from err
+    print(chosen.format())
+    return 0
+
+
+def _cmd_introspect_slices(argv: Sequence[str]) -> int:
+    import json
+
+    from dracpu.config import resolve_node_name
+    from dracpu.devices import DeviceSettings, build_inventory, build_slices
+    from dracpu.topology import Topology
+
+    p = _parser(
+        "dracpu introspect slices",
+        "Print the ResourceSlice objects this node would publish.",
+        "dracpu introspect slices --sysfs-root tests/fake_sysfs/epyc-nps4 --node-name node-a",
+    )
+    p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    p.add_argument("--config", help="driver config file")
+    p.add_argument("--node-name", help="node name (default: hostnameOverride, NODE_NAME, hostname)")
+    p.add_argument("--expose-pcie-roots", action="store_true", help="publish pcieRoot attributes")
+    p.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    args = p.parse_args(argv)
+    config = _load_config(args.config)
+    reserved = _reserved_of(config, None)
+    topo = _discover(
+        _sysfs_root(args.sysfs_root),
+        overlay=config.sysfsOverlay or None,
+        pcie=args.expose_pcie_roots,
+    )
+    assert isinstance(topo, Topology)
+    node = args.node_name or resolve_node_name(config)
+    settings = DeviceSettings(
+        mode=config.cpuDeviceMode,
+        group_by=config.groupBy,
+        reserved=reserved,
+        expose_pcie_roots=args.expose_pcie_roots,
+        publish_node_allocatable=config.publishNodeAllocatableResourceMapping,
+    )
+    slices = build_slices(
+        build_inventory(topo, settings),
+        node_name=node,
+        node_uid="",
+        expose_pcie_roots=args.expose_pcie_roots,
+    )
+    if args.format == "json":
+        sys.stdout.write(json.dumps(slices, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump_all(slices, sort_keys=False, explicit_start=True))
     return 0
 
 
@@ -250,7 +385,42 @@ def _cmd_demo(argv: Sequence[str]) -> int:
     return 0
 
 
+def _cmd_sim(argv: Sequence[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stderr.write(
+            "usage: dracpu sim apiserver [--port N] --kubeconfig-out FILE\n\n"
+            "Run parts of the simulated node on their own.\n\n"
+            "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
+        )
+        if not argv:
+            raise CLIError("sim requires a subcommand; supported subcommands: apiserver")
+        return 0
+    if argv[0] != "apiserver":
+        raise CLIError(f'unknown sim subcommand "{argv[0]}"; supported subcommands: apiserver')
+    import trio
+
+    from dracpu.sim.apiserver import main_apiserver
+
+    p = _parser(
+        "dracpu sim apiserver",
+        "Serve a loopback Kubernetes API server (resource.k8s.io/v1 slices, claims, device "
+        "classes; v1 nodes and pods) on 127.0.0.1 and write a kubeconfig for it. Runs until "
+        "interrupted; prints its URL when listening.",
+        "dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig && "
+        "kubectl --kubeconfig /tmp/kubeconfig get resourceslices",
+    )
+    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 = any free)")
+    p.add_argument("--kubeconfig-out", required=True, help="where to write the kubeconfig")
+    args = p.parse_args(argv[1:])
+    try:
+        trio.run(main_apiserver, args.port, args.kubeconfig_out)
+    except OSError as err:
+        raise CLIError(f"sim apiserver: {err}") from err
+    return 0
+
+
 SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
+    "sim": _cmd_sim,
     "version": _cmd_version,
     "introspect": _cmd_introspect,
     "gatherinfo": _cmd_gatherinfo,

@@ -1,0 +1,217 @@
+"""The command line: dispatch errors, introspection output, gatherinfo round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dracpu.cli import main
+
+FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "version")
+    assert code == 0
+    assert out.startswith("dracpu ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bogus"], 'dracpu: unknown subcommand "bogus"; supported subcommands: '),
+        (["introspect"], "dracpu: introspect requires a subcommand; supported subcommands: "),
+        (["introspect", "nope"], 'dracpu: unknown introspect subcommand "nope"; supported'),
+        (
+            ["introspect", "metrics", "a", "b"],
+            "dracpu: metrics does not accept positional arguments: a b",
+        ),
+        (["-v=2", "version"], "dracpu: root flags cannot be combined with subcommands"),
+        (
+            ["gatherinfo", "--stdout", "--output-dir", "/tmp/x"],
+            "dracpu: --stdout and --output-dir cannot be used together",
+        ),
+        (["introspect", "topology", "--format", "xml"], "dracpu: introspect topology: argument"),
+        (["introspect", "topology", "--sysfs-root", "/nonexistent-dir"], "dracpu: sysfs root"),
+    ],
+)
+def test_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code != 0
+    assert out == ""
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_help_exits_zero_with_example(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["introspect", "topology", "-h"], ["gatherinfo", "--help"], ["version", "-h"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 0
+        assert "example:" in err
+
+
+def test_introspect_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "introspect", "metrics")
+    assert code == 0
+    assert json.loads(out)[0]["name"] == "dra_cpu_allocated_cpus"
+
+
+def test_introspect_topology_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "introspect", "topology", "--sysfs-root", str(FIXTURES / "xeon-2s-ht")
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["smtEnabled"] is True
+    assert [c["cpu"] for c in doc["cpus"]] == list(range(80))
+    assert doc["cpus"][0] == {
+        "cpu": 0,
+        "core": 0,
+        "socket": 0,
+        "die": 0,
+        "cluster": doc["cpus"][0]["cluster"],
+        "numa": 0,
+        "l3": doc["cpus"][0]["l3"],
+        "coreType": "standard",
+        "siblings": "0,40",
+    }
+    assert doc["cpus"][59]["socket"] == 0 and doc["cpus"][60]["socket"] == 1
+    assert doc["cpus"][60]["siblings"] == "20,60"
+
+
+def test_introspect_topology_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "introspect",
+        "topology",
+        "--sysfs-root",
+        str(FIXTURES / "intel-hybrid"),
+        "--format",
+        "text",
+    )
+    assert code == 0
+    assert out.splitlines()[0].startswith("Machine: 24 CPUs (0-23 online), 16 cores, 1 sockets")
+    assert "  Socket 0 (0-23)" in out
+    assert "[e-core]" in out and "[p-core]" in out
+
+
+def _fake_procfs(root: Path, argv: list[str]) -> None:
+    proc = root / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1" / "comm").write_text("init\n")
+    (proc / "1" / "cmdline").write_bytes(b"/sbin/init\0")
+    (proc / "4242").mkdir()
+    (proc / "4242" / "comm").write_text("dracpu\n")
+    (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (proc / "self").mkdir()
+
+
+def test_gatherinfo_round_trip(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = tmp_path / "host"
+    _fake_procfs(host, ["/dracpu", "--reserved-cpus=0-1", "--unknown", "x", "-v=4"])
+    monkeypatch.setenv("HOST_ROOT", str(host))
+    sysfs = FIXTURES / "epyc-nps4"
+    out_dir = tmp_path / "out"
+    code, _, err = run(
+        capsys, "gatherinfo", "--output-dir", str(out_dir), "--sysfs-root", str(sysfs)
+    )
+    assert code == 0, err
+    files = list(out_dir.iterdir())
+    assert len(files) == 1
+    assert files[0].name.startswith("dracpu-gatherinfo-") and files[0].suffix == ".yaml"
+    assert files[0].stat().st_mode & 0o777 == 0o600
+    assert f"path={files[0]}" in err
+    text = files[0].read_text()
+    assert text.startswith("---\n")
+    report = yaml.safe_load(text)
+    assert report["layoutVersion"] == "v1"
+    assert report["driverConfig"]["reservedCPUs"] == "0-1"
+    assert report["cpuDetails"]["topology"]["numCPUs"] == 128
+    assert report["cpuDetails"]["topology"]["numNUMANodes"] == 4
+    # the bundle reproduces the topology anywhere
+    code, from_bundle, _ = run(capsys, "introspect", "topology", "--sysfs-root", str(files[0]))
+    assert code == 0
+    code, original, _ = run(capsys, "introspect", "topology", "--sysfs-root", str(sysfs))
+    assert json.loads(from_bundle)["cpus"] == json.loads(original)["cpus"]
+
+
+def test_gatherinfo_without_driver(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "comm").write_text("init\n")
+    monkeypatch.setenv("HOST_ROOT", str(tmp_path))
+    code, _, err = run(capsys, "gatherinfo", "--stdout")
+    assert code == 1
+    assert err == (
+        'dracpu: failed to find running "dracpu" process: process "dracpu" not found under '
+        f"{tmp_path}/proc\n"
+    )
+
+
+def test_bad_bundle(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bundle = tmp_path / "b.yaml"
+    bundle.write_text("---\nlayoutVersion: v1\n")
+    code, _, err = run(capsys, "introspect", "topology", "--sysfs-root", str(bundle))
+    assert code == 1
+    assert "is neither a directory nor a gatherinfo report with a sysfs section" in err
+
+
+def test_introspect_allocate(capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(FIXTURES / "xeon-snc")
+    code, out, _ = run(capsys, "introspect", "allocate", "--sysfs-root", root, "--count", "20")
+    assert code == 0
+    assert out == "0-9,40-49\n"
+    code, out, err = run(capsys, "introspect", "allocate", "--sysfs-root", root, "--count", "81")
+    assert code == 1
+    assert err == (
+        "dracpu: not enough cpus available to satisfy request: requested=81, available=80\n"
+    )
+    code, out, err = run(
+        capsys,
+        "introspect",
+        "allocate",
+        "--sysfs-root",
+        root,
+        "--count",
+        "3",
+        "--option",
+        "fullPCPUsOnly=true",
+    )
+    assert code == 1
+    assert err.startswith("dracpu: fullPCPUsOnly: requested 3 CPUs is not a multiple of 2")
+
+
+def test_introspect_allocate_reserved(capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(FIXTURES / "xeon-snc")
+    code, out, _ = run(
+        capsys,
+        "introspect",
+        "allocate",
+        "--sysfs-root",
+        root,
+        "--count",
+        "2",
+        "--reserved",
+        "0,40",
+        "--available",
+        "0-3,40-43",
+    )
+    assert code == 0
+    assert out == "1,41\n"
+    assert os.path.isdir(root)
