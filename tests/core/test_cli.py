@@ -215,3 +215,47 @@ def test_introspect_allocate_reserved(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0
     assert out == "1,41\n"
     assert os.path.isdir(root)
+
+
+def test_introspect_slices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    root = str(FIXTURES / "epyc-nps4")
+    code, out, err = run(
+        capsys, "introspect", "slices", "--sysfs-root", root, "--node-name", "node-a"
+    )
+    assert code == 0, err
+    (doc,) = list(yaml.safe_load_all(out))
+    assert doc["metadata"]["generateName"] == "00000-dra.cpu-node-a-"
+    assert [d["name"] for d in doc["spec"]["devices"]] == [
+        "cpudevnuma000",
+        "cpudevnuma001",
+        "cpudevnuma002",
+        "cpudevnuma003",
+    ]
+    assert doc["spec"]["devices"][0]["capacity"] == {"dra.cpu/cpu": {"value": "32"}}
+    config = tmp_path / "c.yaml"
+    config.write_text("cpuDeviceMode: individual\nreservedCPUs: '0'\n")
+    code, out, err = run(
+        capsys,
+        "introspect",
+        "slices",
+        "--sysfs-root",
+        root,
+        "--node-name",
+        "node-a",
+        "--config",
+        str(config),
+        "--format",
+        "json",
+    )
+    assert code == 0, err
+    slices = json.loads(out)
+    assert [len(s["spec"]["devices"]) for s in slices] == [127]
+    config.write_text("groupby: socket\n")
+    code, out, err = run(
+        capsys, "introspect", "slices", "--sysfs-root", root, "--config", str(config)
+    )
+    assert code == 1
+    assert err == (
+        f'dracpu: cannot apply {config}: field "groupby" is spelled differently from the schema; '
+        'use "groupBy"\n'
+    )
