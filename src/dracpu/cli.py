@@ -431,6 +431,28 @@ SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
 # -- entry points ------------------------------------------------------------------------
 
 
+def _start_daemon(explicit: dict[str, object]) -> NoReturn:
+    """Resolve and log the configuration (behavior.md §3.3, §16 steps 1-3)."""
+    from dracpu.config import (
+        ConfigError,
+        config_dump_yaml,
+        deprecated_flags_set,
+        load_config,
+        parse_reserved_cpus,
+    )
+
+    for flag, field in deprecated_flags_set(explicit):
+        print(f'"flag is deprecated" flag="{flag}" driverConfigField="{field}"', file=sys.stderr)
+    try:
+        config = load_config(str(explicit.get("config", "")), explicit)
+        parse_reserved_cpus(config)
+    except ConfigError as err:
+        raise CLIError(f"failed to load configuration: {err}") from err
+    dump = config_dump_yaml(config).rstrip("\n").replace("\n", "\n  ")
+    print(f'"configuration successfully loaded" config=\n  {dump}', file=sys.stderr)
+    raise CLIError("the node daemon is not built yet; see README.md for what works today")
+
+
 def run(argv: Sequence[str]) -> int:
     from dracpu.flags import FlagError, parse_root_flags, usage_text
 
@@ -442,8 +464,8 @@ def run(argv: Sequence[str]) -> int:
     if parsed.help:
         sys.stderr.write(usage_text())
         return 0
-    if not parsed.positionals:
-        raise CLIError("the node daemon is not built yet; see README.md for what works today")
+    if not parsed.positionals or parsed.positionals[0] == "run":
+        _start_daemon(parsed.explicit)
     name, rest = parsed.positionals[0], parsed.positionals[1:]
     if parsed.explicit:
         raise CLIError("root flags cannot be combined with subcommands")

@@ -193,7 +193,7 @@ def usage_text() -> str:
     ]
     for spec in ROOT_FLAGS:
         kind = "" if spec.kind == "bool" else f" {spec.kind if spec.kind != 'enum' else 'value'}"
-        default = f" (default {spec.default!r})" if spec.default not in ("", False, 0) else ""
+        default = f' (default "{spec.default}")' if spec.default not in ("", False, 0) else ""
         lines.append(f"  -{spec.name}{kind}")
         lines.append(f"        {spec.help_text}{default}")
     return "\n".join(lines) + "\n"

@@ -259,3 +259,27 @@ def test_introspect_slices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         f'dracpu: cannot apply {config}: field "groupby" is spelled differently from the schema; '
         'use "groupBy"\n'
     )
+
+
+def test_root_flags_load_and_log_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--group-by=socket", "-reserved-cpus", "0-1")
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[0] == '"flag is deprecated" flag="group-by" driverConfigField="groupBy"'
+    assert '"configuration successfully loaded" config=' in lines
+    assert "  groupBy: socket" in lines and "  reservedCPUs: 0-1" in lines
+    assert (
+        lines[-1] == "dracpu: the node daemon is not built yet; see README.md for what works today"
+    )
+    code, _, err = run(capsys, "--reserved-cpus=x")
+    assert code == 1
+    assert err.splitlines()[-1] == (
+        "dracpu: failed to load configuration: failed to parse reserved CPUs: "
+        "invalid cpuset 'x': not a cpu id or range: 'x'"
+    )
+    code, _, err = run(capsys, "--group-by=rack")
+    assert code == 2
+    assert err.startswith(
+        'invalid value "rack" for flag -group-by: invalid value: "rack", must be socket, '
+        "numanode or machine\nUsage:"
+    )
