@@ -189,6 +189,9 @@ def usage_text() -> str:
         "Compatibility paths:",
         "  dracpu-gatherinfo [flags]           same as dracpu gatherinfo",
         "",
+        "Example:",
+        "  dracpu --config=/etc/dracpu/config.yaml --kubelet-root-dir=/var/lib/kubelet",
+        "",
         "Flags:",
     ]
     for spec in ROOT_FLAGS:
