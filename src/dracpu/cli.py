@@ -464,7 +464,23 @@ def run(argv: Sequence[str]) -> int:
     if parsed.help:
         sys.stderr.write(usage_text())
         return 0
-    if not parsed.positionals or parsed.positionals[0] == "run":
+    if parsed.positionals and parsed.positionals[0] == "run":
+        if parsed.explicit:
+            raise CLIError("root flags cannot be combined with subcommands")
+        try:
+            parsed = parse_root_flags(parsed.positionals[1:])
+        except FlagError as err:
+            sys.stderr.write(f"{err}\n{usage_text()}")
+            return 2
+        if parsed.help:
+            sys.stderr.write(usage_text())
+            return 0
+        if parsed.positionals:
+            raise CLIError(
+                f"run does not accept positional arguments: {' '.join(parsed.positionals)}"
+            )
+        _start_daemon(parsed.explicit)
+    if not parsed.positionals:
         _start_daemon(parsed.explicit)
     name, rest = parsed.positionals[0], parsed.positionals[1:]
     if parsed.explicit:

@@ -1,202 +1,417 @@
 """Root flags of `dracpu` with Go `flag` package semantics (behavior.md §2.2).
 
-`-x` and `--x` both work; `-x=v` or `-x v` for value flags; bool flags are `-x` or
-`-x=true|false` and never take the next argument; parsing stops at the first non-flag
-argument or after `--`.
+The Go driver parses its command line with the standard `flag` package, and operators'
+manifests are written against that: `-x` and `--x` are the same flag; a value flag takes
+`-x=v` or the next argument; a bool flag is `-x` or `-x=false` and never takes the next
+argument; parsing stops at the first non-flag argument or after `--`. Error texts are Go's,
+so a log line reads the same whichever implementation produced it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
-__all__ = ["ROOT_FLAGS", "FlagError", "FlagSpec", "ParsedFlags", "parse_root_flags", "usage_text"]
+__all__ = [
+    "COMMANDS",
+    "ROOT_FLAGS",
+    "FlagError",
+    "FlagSpec",
+    "ParsedFlags",
+    "flag_spec",
+    "go_int_literal",
+    "go_quote",
+    "parse_bool",
+    "parse_flags",
+    "parse_int",
+    "parse_root_flags",
+    "usage_text",
+]
 
-_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+FlagKind = Literal["string", "bool", "int", "enum"]
+
+# strconv.ParseBool accepts exactly these spellings.
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+# strconv.ParseInt(s, 0, 64): Go integer literal syntax, underscores only between digits
+# or right after a base prefix.
+_GO_INT = re.compile(
+    r"[+-]?(?:0[xX](?:_?[0-9a-fA-F])+|0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0(?:_?[0-7])*"
+    r"|[1-9](?:_?[0-9])*)"
+)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class FlagError(ValueError):
     """A command-line flag could not be parsed; the message is Go's wording."""
 
 
+def go_quote(text: str) -> str:
+    """`text` as Go's `%q` prints it (strconv.Quote), so messages match the Go driver."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif 0xDC80 <= code <= 0xDCFF:
+            # A byte that was not valid UTF-8 (surrogateescape): Go shows the raw byte.
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+}
+
+
+def parse_bool(text: str) -> bool:
+    """strconv.ParseBool; ValueError("parse error") like the flag package reports it."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("parse error")
+
+
+def go_int_literal(text: str) -> int | None:
+    """The value of a Go integer literal as strconv.ParseInt(text, 0, _) reads it, or None."""
+    if _GO_INT.fullmatch(text) is None:
+        return None
+    sign = -1 if text[0] == "-" else 1
+    digits = text.lstrip("+-").replace("_", "")
+    prefix = digits[:2].lower()
+    if prefix in ("0x", "0b", "0o"):
+        return sign * int(digits[2:], {"0x": 16, "0b": 2, "0o": 8}[prefix])
+    if len(digits) > 1 and digits[0] == "0":
+        return sign * int(digits[1:], 8)  # Go reads a leading 0 as octal
+    return sign * int(digits)
+
+
+def parse_int(text: str) -> int:
+    """strconv.ParseInt(text, 0, 64) with the flag package's two error texts."""
+    value = go_int_literal(text)
+    if value is None:
+        raise ValueError("parse error")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError("value out of range")
+    return value
+
+
+def _either(words: Sequence[str]) -> str:
+    """`a, b or c`: how the Go driver's enum flags list their values."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 @dataclass(frozen=True, slots=True)
 class FlagSpec:
+    """One flag: how it parses, its default, and which config key it feeds (if any)."""
+
     name: str
-    kind: str  # "string", "bool", "int" or "enum"
+    kind: FlagKind
     default: object
     config_key: str | None
     help: str
     deprecated: bool = False
     choices: tuple[str, ...] = ()
-    choices_text: str = ""
 
     @property
     def help_text(self) -> str:
         if not self.deprecated:
             return self.help
         return (
-            f'{self.help} (DEPRECATED: prefer driverConfig field "{self.config_key}"; '
-            "this flag will be removed in a future release)"
+            f"{self.help} (DEPRECATED: prefer driverConfig field {go_quote(self.config_key or '')}"
+            "; this flag will be removed in a future release)"
         )
+
+    def convert(self, value: str) -> object:
+        """The flag.Value Set step: text → typed value, or FlagError in Go's wording."""
+        if self.kind == "bool":
+            try:
+                return parse_bool(value)
+            except ValueError as err:
+                raise FlagError(
+                    f"invalid boolean value {go_quote(value)} for -{self.name}: {err}"
+                ) from None
+        if self.kind == "int":
+            try:
+                return parse_int(value)
+            except ValueError as err:
+                raise FlagError(
+                    f"invalid value {go_quote(value)} for flag -{self.name}: {err}"
+                ) from None
+        if self.kind == "enum" and value not in self.choices:
+            raise FlagError(
+                f"invalid value {go_quote(value)} for flag -{self.name}: invalid value: "
+                f"{go_quote(value)}, must be {_either(self.choices)}"
+            )
+        return value
 
 
 ROOT_FLAGS: tuple[FlagSpec, ...] = (
-    FlagSpec("config", "string", "", None, "path of the YAML driver config file"),
-    FlagSpec("kubeconfig", "string", "", "kubeconfig", "kubeconfig file; empty = in-cluster"),
+    FlagSpec("config", "string", "", None, "path of the YAML driver config file; empty = none"),
     FlagSpec(
-        "bind-address", "string", ":8080", "bindAddress", "HTTP address for /healthz, /metrics"
+        "kubeconfig",
+        "string",
+        "",
+        "kubeconfig",
+        "path of a kubeconfig file; empty = the in-cluster service account",
     ),
     FlagSpec(
-        "debug-address", "string", "127.0.0.1:8081", "debugAddress", "HTTP address for /debug/state"
+        "bind-address",
+        "string",
+        ":8080",
+        "bindAddress",
+        "listen address of the HTTP server for /healthz, /readyz and /metrics",
+    ),
+    FlagSpec(
+        "debug-address",
+        "string",
+        "127.0.0.1:8081",
+        "debugAddress",
+        "listen address of the HTTP server for /debug/state; keep it on loopback",
     ),
     FlagSpec(
         "expose-pcie-roots",
         "bool",
         False,
         "exposePCIeRoots",
-        "publish resource.kubernetes.io/pcieRoot",
+        "publish the resource.kubernetes.io/pcieRoot attribute on CPU devices (needs the "
+        "DRAListTypeAttributes feature gate in the cluster)",
     ),
     FlagSpec(
-        "kubelet-root-dir", "string", "/var/lib/kubelet", "kubeletRootDir", "kubelet root directory"
+        "kubelet-root-dir",
+        "string",
+        "/var/lib/kubelet",
+        "kubeletRootDir",
+        "the kubelet's --root-dir; the plugin sockets live in <root>/plugins_registry and "
+        "<root>/plugins/dra.cpu",
     ),
     FlagSpec(
         "cpu-device-mode",
         "enum",
         "grouped",
         "cpuDeviceMode",
-        "device mode: grouped or individual",
+        "how CPUs become devices: 'grouped' publishes one device per group (see --group-by), "
+        "'individual' one device per CPU",
         deprecated=True,
         choices=("grouped", "individual"),
-        choices_text="grouped or individual",
     ),
     FlagSpec(
         "group-by",
         "enum",
         "numanode",
         "groupBy",
-        "grouping in grouped mode",
+        "in grouped mode, what one device covers: 'socket', 'numanode' or 'machine' (machine "
+        "needs the claim to carry an opaque cpuset config)",
         deprecated=True,
         choices=("socket", "numanode", "machine"),
-        choices_text="socket, numanode or machine",
     ),
     FlagSpec(
-        "reserved-cpus", "string", "", "reservedCPUs", "cpuset kept out of DRA", deprecated=True
+        "reserved-cpus",
+        "string",
+        "",
+        "reservedCPUs",
+        "cpuset (Linux list format) kept out of the published devices",
+        deprecated=True,
     ),
     FlagSpec(
-        "hostname-override", "string", "", "hostnameOverride", "node name to use", deprecated=True
+        "hostname-override",
+        "string",
+        "",
+        "hostnameOverride",
+        "name of this node; empty = $NODE_NAME, else the OS hostname",
+        deprecated=True,
     ),
     FlagSpec(
-        "sysfs-overlay", "string", "", "sysfsOverlay", "sysfs overlay YAML file", deprecated=True
+        "sysfs-overlay",
+        "string",
+        "",
+        "sysfsOverlay",
+        "path of a YAML file of sysfs file contents that replace the real ones",
+        deprecated=True,
     ),
-    FlagSpec("sysfs-root", "string", "/sys", "sysfsRoot", "sysfs directory"),
+    FlagSpec("sysfs-root", "string", "/sys", "sysfsRoot", "where sysfs is mounted"),
     FlagSpec(
-        "nri-socket", "string", "/var/run/nri/nri.sock", "nriSocket", "NRI socket of the runtime"
+        "nri-socket",
+        "string",
+        "/var/run/nri/nri.sock",
+        "nriSocket",
+        "the container runtime's NRI socket",
     ),
-    FlagSpec("cdi-dir", "string", "/var/run/cdi", "cdiDir", "directory of CDI spec files"),
-    FlagSpec("cgroup-root", "string", "/sys/fs/cgroup", "cgroupRoot", "cgroupfs mount"),
-    FlagSpec("state-dir", "string", "/var/lib/dracpu", "stateDir", "directory of the checkpoint"),
+    FlagSpec("cdi-dir", "string", "/var/run/cdi", "cdiDir", "directory for the CDI spec files"),
+    FlagSpec(
+        "cgroup-root",
+        "string",
+        "/sys/fs/cgroup",
+        "cgroupRoot",
+        "where the cgroup filesystem is mounted",
+    ),
+    FlagSpec(
+        "state-dir",
+        "string",
+        "/var/lib/dracpu",
+        "stateDir",
+        "directory of the allocation checkpoint",
+    ),
     FlagSpec(
         "log-format",
         "enum",
         "text",
         "logFormat",
-        "log format: text or json",
+        "log line format: 'text' (klog style) or 'json'",
         choices=("text", "json"),
-        choices_text="text or json",
     ),
-    FlagSpec("v", "int", 0, None, "log verbosity"),
-    FlagSpec("vmodule", "string", "", None, "per-file log verbosity"),
+    FlagSpec(
+        "v", "int", 0, None, "log verbosity (0 key events, 2 decisions, 4 allocation, 6 debug)"
+    ),
+    FlagSpec("vmodule", "string", "", None, "per-file verbosity, e.g. allocation=6,nri=4"),
 )
-_BY_NAME = {f.name: f for f in ROOT_FLAGS}
+_BY_NAME = {spec.name: spec for spec in ROOT_FLAGS}
+
+
+def flag_spec(name: str) -> FlagSpec:
+    """The root flag called `name`; KeyError when there is none."""
+    return _BY_NAME[name]
 
 
 @dataclass(slots=True)
 class ParsedFlags:
+    """What a command line set: only flags that were present appear in `explicit`."""
+
     explicit: dict[str, object] = field(default_factory=dict)
     positionals: list[str] = field(default_factory=list)
     help: bool = False
 
-
-def _convert(spec: FlagSpec, value: str) -> object:
-    if spec.kind == "bool":
-        if value in _TRUE:
-            return True
-        if value in _FALSE:
-            return False
-        raise FlagError(f'invalid boolean value "{value}" for -{spec.name}: parse error')
-    if spec.kind == "int":
-        try:
-            return int(value, 0)
-        except ValueError:
-            raise FlagError(f'invalid value "{value}" for flag -{spec.name}: parse error') from None
-    if spec.kind == "enum" and value not in spec.choices:
-        raise FlagError(
-            f'invalid value "{value}" for flag -{spec.name}: '
-            f'invalid value: "{value}", must be {spec.choices_text}'
-        )
-    return value
+    def config_values(self, specs: Iterable[FlagSpec] = ROOT_FLAGS) -> dict[str, object]:
+        """The explicitly set flags that are config fields, keyed by config key."""
+        keys = {spec.name: spec.config_key for spec in specs if spec.config_key}
+        return {keys[n]: v for n, v in self.explicit.items() if n in keys}
 
 
-def parse_root_flags(argv: list[str]) -> ParsedFlags:
+def parse_flags(argv: Sequence[str], specs: Iterable[FlagSpec]) -> ParsedFlags:
+    """Parse `argv` like Go's FlagSet.Parse over the flags in `specs`."""
+    by_name = {spec.name: spec for spec in specs}
     parsed = ParsedFlags()
+    args = list(argv)
     i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--":
-            parsed.positionals = argv[i + 1 :]
-            return parsed
+    while i < len(args):
+        arg = args[i]
         if len(arg) < 2 or arg[0] != "-":
-            parsed.positionals = argv[i:]
+            parsed.positionals = args[i:]
             return parsed
-        body = arg[2:] if arg.startswith("--") else arg[1:]
+        if arg == "--":
+            parsed.positionals = args[i + 1 :]
+            return parsed
+        body = arg[2:] if arg[1] == "-" else arg[1:]
         if not body or body[0] in "-=":
             raise FlagError(f"bad flag syntax: {arg}")
-        name, eq, value = body.partition("=")
-        if name in ("h", "help"):
-            parsed.help = True
-            return parsed
-        spec = _BY_NAME.get(name)
-        if spec is None:
-            raise FlagError(f"flag provided but not defined: -{name}")
+        name, has_value, value = body.partition("=")
         i += 1
-        if spec.kind == "bool":
-            parsed.explicit[name] = _convert(spec, value) if eq else True
-            continue
-        if not eq:
-            if i >= len(argv):
+        spec = by_name.get(name)
+        if spec is None:
+            if name in ("h", "help"):
+                parsed.help = True
+                return parsed
+            raise FlagError(f"flag provided but not defined: -{name}")
+        if spec.kind != "bool" and not has_value:
+            if i >= len(args):
                 raise FlagError(f"flag needs an argument: -{name}")
-            value = argv[i]
+            value = args[i]
             i += 1
-        parsed.explicit[name] = _convert(spec, value)
+        elif spec.kind == "bool" and not has_value:
+            value = "true"
+        # A flag given twice keeps the last value, as in Go.
+        parsed.explicit[name] = spec.convert(value)
     return parsed
 
 
-def flag_spec(name: str) -> FlagSpec:
-    return _BY_NAME[name]
+def parse_root_flags(argv: Sequence[str]) -> ParsedFlags:
+    """Parse the root command line of `dracpu` (the daemon's flags)."""
+    return parse_flags(argv, ROOT_FLAGS)
+
+
+# (synopsis, what it does); the daemon comes first, then the subcommands.
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("dracpu [flags]", "run the node daemon"),
+    ("dracpu run [flags]", "the same, spelled out"),
+    ("dracpu gatherinfo [flags]", "write a node-local diagnostic report"),
+    ("dracpu introspect metrics", "describe the driver's custom metrics as JSON"),
+    ("dracpu introspect topology [flags]", "print the CPU topology read from sysfs"),
+    ("dracpu introspect slices [flags]", "print the ResourceSlices this node would publish"),
+    ("dracpu introspect allocate [flags]", "show which CPUs the allocator would choose"),
+    ("dracpu demo [flags]", "show dracpu at work on this machine"),
+    ("dracpu sim apiserver [flags]", "serve a loopback Kubernetes API server"),
+    ("dracpu sim runtime [flags]", "run a simulated container runtime speaking NRI"),
+    ("dracpu map [flags]", "print this node's CPU map"),
+    ("dracpu version", "print the version"),
+)
+COMPATIBILITY_PATHS: tuple[tuple[str, str], ...] = (
+    ("dracpu-gatherinfo [flags]", "same as dracpu gatherinfo"),
+)
+USAGE_EXAMPLE = "dracpu --config=/etc/dracpu/config.yaml --kubelet-root-dir=/var/lib/kubelet"
+
+
+def _value_name(spec: FlagSpec) -> str:
+    # flag.UnquoteUsage: bools show nothing, custom Value types (the enums) show "value".
+    return {"bool": "", "int": "int", "string": "string", "enum": "value"}[spec.kind]
+
+
+def _flag_defaults(specs: Iterable[FlagSpec]) -> list[str]:
+    """The flag list as Go's FlagSet.PrintDefaults lays it out (sorted by name)."""
+    lines = []
+    for spec in sorted(specs, key=lambda s: s.name):
+        head = f"  -{spec.name}"
+        if _value_name(spec):
+            head += f" {_value_name(spec)}"
+        # Go puts the help of a one-letter bool flag on the same line; none of ours is one.
+        text = spec.help_text
+        if spec.default not in ("", False, 0):
+            shown = go_quote(str(spec.default)) if spec.kind == "string" else str(spec.default)
+            text += f" (default {shown})"
+        lines.append(head)
+        lines.append(f"    \t{text}")
+    return lines
+
+
+def _command_lines(rows: Sequence[tuple[str, str]]) -> list[str]:
+    # One column width for both tables, so the two sections line up.
+    width = max(len(synopsis) for synopsis, _ in (*COMMANDS, *COMPATIBILITY_PATHS)) + 2
+    return [f"  {synopsis.ljust(width)}{what}" for synopsis, what in rows]
 
 
 def usage_text() -> str:
+    """Printed on `-h`/`--help` and after a flag-parse error (behavior.md §2.2)."""
     lines = [
         "Usage:",
-        "  dracpu [flags]                      run the node daemon",
-        "  dracpu gatherinfo [flags]           collect a support bundle",
-        "  dracpu introspect metrics           list the driver's metrics",
-        "  dracpu introspect topology|slices|allocate [flags]",
-        "  dracpu demo [flags]                 show dracpu on this machine",
-        "  dracpu sim apiserver [flags]        run the loopback API server",
-        "  dracpu version",
+        *_command_lines(COMMANDS),
         "",
         "Compatibility paths:",
-        "  dracpu-gatherinfo [flags]           same as dracpu gatherinfo",
+        *_command_lines(COMPATIBILITY_PATHS),
         "",
         "Example:",
-        "  dracpu --config=/etc/dracpu/config.yaml --kubelet-root-dir=/var/lib/kubelet",
+        f"  {USAGE_EXAMPLE}",
         "",
         "Flags:",
+        *_flag_defaults(ROOT_FLAGS),
     ]
-    for spec in ROOT_FLAGS:
-        kind = "" if spec.kind == "bool" else f" {spec.kind if spec.kind != 'enum' else 'value'}"
-        default = f' (default "{spec.default}")' if spec.default not in ("", False, 0) else ""
-        lines.append(f"  -{spec.name}{kind}")
-        lines.append(f"        {spec.help_text}{default}")
     return "\n".join(lines) + "\n"

@@ -178,8 +178,8 @@ def test_socket_path_limit() -> None:
         kubelet_paths(load_config("", {"kubelet-root-dir": too_long}))
     assert str(info.value) == (
         f'kubelet registrar socket path "{too_long}/plugins_registry/dra.cpu-reg.sock" is 108 '
-        "bytes, over the 107-byte limit for a Unix socket path: kubeletRootDir has <73> bytes "
-        "to spend and is using <74>"
+        "bytes, over the 107-byte limit for a Unix socket path: kubeletRootDir has 73 bytes "
+        "to spend and is using 74"
     )
 
 

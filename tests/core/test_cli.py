@@ -283,3 +283,11 @@ def test_root_flags_load_and_log_the_config(capsys: pytest.CaptureFixture[str]) 
         'invalid value "rack" for flag -group-by: invalid value: "rack", must be socket, '
         "numanode or machine\nUsage:"
     )
+
+
+def test_run_takes_the_root_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "run", "--group-by=machine")
+    assert code == 1
+    assert "  groupBy: machine" in err.splitlines()
+    code, _, err = run(capsys, "run", "extra")
+    assert err == "dracpu: run does not accept positional arguments: extra\n"
