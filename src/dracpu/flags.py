@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dracpu.gofmt import go_quote
+
 __all__ = [
     "COMMANDS",
     "ROOT_FLAGS",
@@ -47,41 +49,6 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 class FlagError(ValueError):
     """A command-line flag could not be parsed; the message is Go's wording."""
-
-
-def go_quote(text: str) -> str:
-    """`text` as Go's `%q` prints it (strconv.Quote), so messages match the Go driver."""
-    out = ['"']
-    for ch in text:
-        code = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif 0xDC80 <= code <= 0xDCFF:
-            # A byte that was not valid UTF-8 (surrogateescape): Go shows the raw byte.
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch)
-        elif code < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-_GO_ESCAPES = {
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-}
 
 
 def parse_bool(text: str) -> bool:

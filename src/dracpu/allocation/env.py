@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.gofmt import go_quote
 
 __all__ = [
     "DRA_ENV_KEY_PREFIX",
@@ -27,40 +28,6 @@ __all__ = [
 # DRA_ENV_KEY_PREFIX carry a claim UID (so ``DRA_CPUSETX=...`` is ignored, as upstream does).
 DRA_ENV_PREFIX = "DRA_CPUSET"
 DRA_ENV_KEY_PREFIX = "DRA_CPUSET_"
-
-_GO_ESCAPES = {
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-    "\\": "\\\\",
-    '"': '\\"',
-}
-
-
-def go_quote(text: str) -> str:
-    """``text`` as Go's ``strconv.Quote`` writes it, so messages match upstream byte for byte."""
-    out = ['"']
-    for ch in text:
-        code = ord(ch)
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:
-            # A lone surrogate is not a valid rune; Go prints the replacement character.
-            out.append("\\ufffd")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
 
 
 def parse_cpuset(text: str) -> CPUSet:
