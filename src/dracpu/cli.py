@@ -22,6 +22,7 @@ from dracpu import __version__
 
 if TYPE_CHECKING:
     from dracpu.cpuset import CPUSet
+    from dracpu.flags import ParsedFlags
 
 __all__ = ["CLIError", "gatherinfo_main", "main"]
 
@@ -68,11 +69,15 @@ def _parser(prog: str, description: str, example: str) -> _Parser:
 # -- shared helpers -----------------------------------------------------------------------
 
 
+def _host_path(name: str) -> Path:
+    """`/sys` or `/proc`, under `$HOST_ROOT` when the driver's host is mounted elsewhere."""
+    return Path(os.environ.get("HOST_ROOT", "") + "/" + name)
+
+
 def _sysfs_root(value: str | None) -> Path:
     """A sysfs root directory, or a gatherinfo report whose `sysfs` section is unpacked."""
     if value is None:
-        host_root = os.environ.get("HOST_ROOT", "")
-        return Path(host_root + "/sys") if host_root else Path("/sys")
+        return _host_path("sys")
     path = Path(value)
     if path.is_dir():
         return path
@@ -330,8 +335,7 @@ def _cmd_gatherinfo(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if args.stdout and args.output_dir:
         raise CLIError("--stdout and --output-dir cannot be used together")
-    host_root = os.environ.get("HOST_ROOT", "")
-    procfs = Path(host_root + "/proc") if host_root else Path("/proc")
+    procfs = _host_path("proc")
     try:
         proc = find_driver_process(procfs)
         config = _driver_config_of(proc.argv, path_in_process(procfs, proc.pid))
@@ -453,28 +457,31 @@ def _start_daemon(explicit: dict[str, object]) -> NoReturn:
     raise CLIError("the node daemon is not built yet; see README.md for what works today")
 
 
-def run(argv: Sequence[str]) -> int:
+class _UsageError(Exception):
+    """A root flag could not be parsed; the message and usage are already on stderr."""
+
+
+def _parse_root(argv: Sequence[str]) -> ParsedFlags:
+    """Root flags with Go's conventions: usage on stderr for -h (exit 0) and errors (exit 2)."""
     from dracpu.flags import FlagError, parse_root_flags, usage_text
 
     try:
         parsed = parse_root_flags(list(argv))
     except FlagError as err:
         sys.stderr.write(f"{err}\n{usage_text()}")
-        return 2
+        raise _UsageError from err
     if parsed.help:
         sys.stderr.write(usage_text())
-        return 0
+        raise _HelpRequested
+    return parsed
+
+
+def run(argv: Sequence[str]) -> int:
+    parsed = _parse_root(argv)
     if parsed.positionals and parsed.positionals[0] == "run":
         if parsed.explicit:
             raise CLIError("root flags cannot be combined with subcommands")
-        try:
-            parsed = parse_root_flags(parsed.positionals[1:])
-        except FlagError as err:
-            sys.stderr.write(f"{err}\n{usage_text()}")
-            return 2
-        if parsed.help:
-            sys.stderr.write(usage_text())
-            return 0
+        parsed = _parse_root(parsed.positionals[1:])
         if parsed.positionals:
             raise CLIError(
                 f"run does not accept positional arguments: {' '.join(parsed.positionals)}"
@@ -500,6 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except _HelpRequested:
         return 0
+    except _UsageError:
+        return 2
     except CLIError as err:
         print(f"dracpu: {err}", file=sys.stderr)
         return err.code
