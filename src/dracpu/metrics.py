@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["METRIC_DEFINITIONS", "DriverMetrics", "MetricDefinition", "describe_metrics_json"]
+__all__ = [
+    "DRACPU_METRIC_DEFINITIONS",
+    "METRIC_DEFINITIONS",
+    "DriverMetrics",
+    "MetricDefinition",
+    "describe_metrics_json",
+]
 
 RESULT_LABELS = ("success", "error", "unknown")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -75,6 +81,41 @@ METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
 )
 
 
+# dracpu's own metrics, beyond upstream's contract list above (which `introspect metrics`
+# reproduces exactly): the cgroupfs fallback and drift watcher, the NRI session and the
+# checkpoint have no upstream counterpart.
+DRACPU_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
+    MetricDefinition(
+        "dracpu_cgroup_fallback_writes_total",
+        "counter",
+        "cpuset writes dracpu made itself because the runtime could not apply an update.",
+        ("result",),
+    ),
+    MetricDefinition(
+        "dracpu_cgroup_drift_repairs_total",
+        "counter",
+        "Containers whose enforced cpuset differed from the intended one and was rewritten.",
+        ("result",),
+    ),
+    MetricDefinition(
+        "dracpu_cgroup_drifted_containers",
+        "gauge",
+        "Containers whose enforced cpuset differed from the intended one at the last check.",
+    ),
+    MetricDefinition(
+        "dracpu_nri_reconnects_total",
+        "counter",
+        "NRI sessions started again after the runtime closed or dropped the previous one.",
+    ),
+    MetricDefinition(
+        "dracpu_checkpoint_writes_total",
+        "counter",
+        "Writes of the allocation checkpoint.",
+        ("result",),
+    ),
+)
+
+
 def describe_metrics_json() -> str:
     """The JSON document of `dracpu introspect metrics`: 2-space indent, trailing newline."""
     doc = [
@@ -91,11 +132,11 @@ def describe_metrics_json() -> str:
 
 
 def _defn(name: str) -> MetricDefinition:
-    return next(d for d in METRIC_DEFINITIONS if d.name == name)
+    return next(d for d in METRIC_DEFINITIONS + DRACPU_METRIC_DEFINITIONS if d.name == name)
 
 
 class DriverMetrics:
-    """The eight contract metrics, registered on ``registry``."""
+    """The eight contract metrics and dracpu's own, registered on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         def gauge(name: str) -> Gauge:
@@ -103,11 +144,11 @@ class DriverMetrics:
 
         def counter(name: str) -> Counter:
             # prometheus-client appends `_total` itself; give it the bare name.
-            c = Counter(
-                name.removesuffix("_total"), _defn(name).help, ["result"], registry=registry
-            )
-            for result in RESULT_LABELS:
-                c.labels(result=result)
+            labels = _defn(name).labels
+            c = Counter(name.removesuffix("_total"), _defn(name).help, labels, registry=registry)
+            if labels == ("result",):
+                for result in RESULT_LABELS:
+                    c.labels(result=result)
             return c
 
         self.allocated_cpus = gauge("dra_cpu_allocated_cpus")
@@ -128,12 +169,30 @@ class DriverMetrics:
             buckets=CPU_COUNT_BUCKETS,
             registry=registry,
         )
+        self.fallback_writes = counter("dracpu_cgroup_fallback_writes_total")
+        self.drift_repairs = counter("dracpu_cgroup_drift_repairs_total")
+        self.drifted_containers = gauge("dracpu_cgroup_drifted_containers")
+        self.nri_reconnects = counter("dracpu_nri_reconnects_total")
+        self.checkpoint_writes = counter("dracpu_checkpoint_writes_total")
+
+    @staticmethod
+    def _count(c: Counter, result: str) -> None:
+        c.labels(result=result if result in RESULT_LABELS else "unknown").inc()
+
+    def count_fallback_write(self, result: str) -> None:
+        self._count(self.fallback_writes, result)
+
+    def count_drift_repair(self, result: str) -> None:
+        self._count(self.drift_repairs, result)
+
+    def count_checkpoint_write(self, result: str) -> None:
+        self._count(self.checkpoint_writes, result)
 
     def count_prepare(self, result: str) -> None:
-        self.prepare_claims.labels(result=result if result in RESULT_LABELS else "unknown").inc()
+        self._count(self.prepare_claims, result)
 
     def count_unprepare(self, result: str) -> None:
-        self.unprepare_claims.labels(result=result if result in RESULT_LABELS else "unknown").inc()
+        self._count(self.unprepare_claims, result)
 
     def set_snapshot(self, *, allocated: int, available: int, reserved: int, active: int) -> None:
         self.allocated_cpus.set(allocated)

@@ -55,3 +55,24 @@ def test_exposition_has_every_series_from_start() -> None:
         "# HELP dra_cpu_reserved_cpus Number of CPUs reserved and excluded from DRA management."
         in out
     )
+
+
+def test_dracpu_own_metrics_are_exposed_but_not_in_the_contract_list() -> None:
+    registry = CollectorRegistry()
+    m = DriverMetrics(registry)
+    m.count_fallback_write("success")
+    m.count_fallback_write("error")
+    m.count_drift_repair("odd")
+    m.drifted_containers.set(3)
+    m.nri_reconnects.inc()
+    m.count_checkpoint_write("success")
+    out = generate_latest(registry).decode()
+    assert 'dracpu_cgroup_fallback_writes_total{result="success"} 1.0' in out
+    assert 'dracpu_cgroup_fallback_writes_total{result="error"} 1.0' in out
+    assert 'dracpu_cgroup_drift_repairs_total{result="unknown"} 1.0' in out
+    assert 'dracpu_cgroup_drift_repairs_total{result="success"} 0.0' in out
+    assert "dracpu_cgroup_drifted_containers 3.0" in out
+    assert "dracpu_nri_reconnects_total 1.0" in out
+    assert 'dracpu_checkpoint_writes_total{result="success"} 1.0' in out
+    names = {d["name"] for d in json.loads(describe_metrics_json())}
+    assert not any(n.startswith("dracpu_") for n in names)
