@@ -1,0 +1,130 @@
+"""The CPU map: which claim, the shared pool or the reserved set holds each CPU.
+
+Printed by `dracpu demo` and `dracpu map`. One line per L3 group (socket → NUMA node → L3),
+one cell per physical core holding one mark per hardware thread, then a legend::
+
+    Socket 0 · NUMA 0 · L3 0   AA AA .. ..
+      A  default/pinned   0-1,8-9 (4 CPUs)
+      .  shared pool      2-3,10-11 (4 CPUs)
+
+Pure: it takes plain rows, built from a ``Topology`` or from the ``topology`` section of
+``/debug/state`` (the JSON of `dracpu introspect topology`), so a map of a remote daemon
+needs no sysfs.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dracpu.cpuset import CPUSet
+from dracpu.topology.model import NO_ID, Topology
+
+__all__ = ["CPURow", "render_cpu_map", "rows_from_document", "rows_from_topology"]
+
+SHARED_MARK = "."
+RESERVED_MARK = "r"
+UNMANAGED_MARK = "-"
+_CLAIM_MARKS = string.ascii_uppercase + string.ascii_lowercase.replace("r", "") + string.digits
+_OVERFLOW_MARK = "#"
+
+
+@dataclass(frozen=True, slots=True)
+class CPURow:
+    cpu: int
+    socket: int
+    numa: int
+    l3: int
+    core: tuple[int, int, int]
+
+
+def rows_from_topology(topo: Topology) -> list[CPURow]:
+    return [CPURow(i.cpu, i.socket, i.numa, i.l3, i.core_key) for _, i in sorted(topo.cpus.items())]
+
+
+def rows_from_document(doc: Mapping[str, Any]) -> list[CPURow]:
+    """Rows from `dracpu introspect topology --format json` output. Raises ValueError."""
+    try:
+        return [
+            CPURow(
+                int(c["cpu"]),
+                int(c["socket"]),
+                int(c["numa"]),
+                int(c["l3"]),
+                (int(c["socket"]), int(c["cluster"]), int(c["core"])),
+            )
+            for c in doc["cpus"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a topology document: {exc!r}") from None
+
+
+def _marks(
+    claims: Mapping[str, CPUSet], shared: CPUSet, reserved: CPUSet
+) -> tuple[dict[int, str], list[tuple[str, str, CPUSet]]]:
+    owner: dict[int, str] = {}
+    legend: list[tuple[str, str, CPUSet]] = []
+    for index, (label, cpus) in enumerate(sorted(claims.items())):
+        mark = _CLAIM_MARKS[index] if index < len(_CLAIM_MARKS) else _OVERFLOW_MARK
+        legend.append((mark, label, cpus))
+        for cpu in cpus:
+            owner[cpu] = mark
+    for cpu in shared:
+        owner.setdefault(cpu, SHARED_MARK)
+    for cpu in reserved:
+        owner.setdefault(cpu, RESERVED_MARK)
+    legend.append((SHARED_MARK, "shared pool", shared))
+    if reserved:
+        legend.append((RESERVED_MARK, "reserved", reserved))
+    return owner, legend
+
+
+def _group_label(socket: int, numa: int, l3: int) -> str:
+    l3_text = "?" if l3 == NO_ID else str(l3)
+    return f"Socket {socket} · NUMA {numa} · L3 {l3_text}"
+
+
+def render_cpu_map(
+    rows: Sequence[CPURow],
+    *,
+    claims: Mapping[str, CPUSet],
+    shared: CPUSet,
+    reserved: CPUSet = CPUSet(),  # noqa: B008 - CPUSet is immutable
+) -> str:
+    """The map as text; ``claims`` maps a label (e.g. ``ns/claim``) to its CPUs."""
+    owner, legend = _marks(claims, shared, reserved)
+    groups: dict[tuple[int, int, int], dict[tuple[int, int, int], list[int]]] = {}
+    for row in sorted(rows, key=lambda r: (r.socket, r.numa, r.l3, r.cpu)):
+        cores = groups.setdefault((row.socket, row.numa, row.l3), {})
+        cores.setdefault(row.core, []).append(row.cpu)
+    labels = {key: _group_label(*key) for key in groups}
+    width = max((len(v) for v in labels.values()), default=0)
+    lines: list[str] = []
+    for key, cores in groups.items():
+        cells = " ".join(
+            "".join(owner.get(cpu, UNMANAGED_MARK) for cpu in sorted(cpus))
+            for cpus in sorted(cores.values(), key=min)
+        )
+        lines.append(f"  {labels[key]:<{width}}   {cells}")
+    name_width = max((len(label) for _, label, _ in legend), default=0)
+    for mark, label, cpus in legend:
+        lines.append(f"    {mark}  {label:<{name_width}}  {_describe(cpus)}")
+    if any(owner.get(r.cpu, UNMANAGED_MARK) == UNMANAGED_MARK for r in rows):
+        lines.append(f"    {UNMANAGED_MARK}  not managed by dracpu")
+    return "\n".join(lines) + "\n"
+
+
+def _describe(cpus: CPUSet) -> str:
+    if not cpus:
+        return "(none)"
+    return f"{cpus.format()} ({len(cpus)} CPU{'s' if len(cpus) != 1 else ''})"
+
+
+def claim_labels(records: Iterable[tuple[str, str, str, CPUSet]]) -> dict[str, CPUSet]:
+    """Label claims ``namespace/name`` when known, else by UID: (uid, ns, name, cpus) rows."""
+    out: dict[str, CPUSet] = {}
+    for uid, namespace, name, cpus in records:
+        out[f"{namespace}/{name}" if name else uid] = cpus
+    return out
