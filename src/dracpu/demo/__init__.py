@@ -1,0 +1,1 @@
+"""`dracpu demo`: the whole pipeline on one machine against a simulated node."""
