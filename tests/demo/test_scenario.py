@@ -142,7 +142,9 @@ def test_default_scenario_shrinks_on_a_tiny_node() -> None:
     sc = default_scenario(topo, mode="grouped", group_by="numanode", reserved=0)
     assert sc.claims == []
     assert [p["metadata"]["name"] for p in sc.pods] == ["plain"]
-    assert sc.notes[0] == "claim numa-pinned (1 CPUs) left out: the node has 0 CPU(s) left for claims"
+    assert sc.notes[0] == (
+        "claim numa-pinned (1 CPUs) left out: the node has 0 CPU(s) left for claims"
+    )
 
 
 def test_default_scenario_machine_grouping_has_no_claims() -> None:
