@@ -238,12 +238,17 @@ class ClaimTracker:
 
 
 class ContainerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What the plugin knows of one container; ``claim_uids`` empty means shared."""
+    """What the plugin knows of one container; ``claim_uids`` empty means shared.
+
+    ``cgroups_path`` is the runtime's ``linux.cgroups_path`` (empty when unknown): the
+    cgroupfs fallback and drift watcher find the container's cpuset through it.
+    """
 
     pod_uid: str
     name: str
     container_id: str
     claim_uids: tuple[str, ...] = ()
+    cgroups_path: str = ""
 
     @property
     def is_shared(self) -> bool:

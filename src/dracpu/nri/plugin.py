@@ -1,0 +1,445 @@
+"""What the NRI plugin decides for each runtime event (behavior.md §13), without I/O.
+
+`NRIPlugin` turns a runtime event into a decision: the cpuset of a container being created
+and the updates other containers need. It works on the three allocation stores it is given
+(the daemon's single state owner passes them in) and never awaits, so a Trio shell
+(`dracpu.nri.session`) can call it from inside a runtime request.
+
+Inputs are the NRI protobuf messages themselves (`api_pb2.PodSandbox`, `api_pb2.Container`):
+the plugin reads only `pod.id`, `pod.uid`, `container.id`, `container.pod_sandbox_id`,
+`container.name`, `container.env` and `container.linux.cgroups_path`.
+
+Security rules (dracpu's, on top of upstream's):
+
+- A ``DRA_CPUSET_<claim>`` value is trusted only when it equals the CPUs the claim was
+  prepared with; a pod can write such env vars by hand. At CreateContainer a mismatch fails
+  the creation with §12's validation error; a malformed value fails it with §13.2's error.
+- An empty shared pool fails closed: a shared container cannot be created (``shared pool is
+  empty: ...``) rather than being left on CPUs that claims hold.
+
+Deviation from upstream, on purpose (behavior.md §13.5, §18, §19.7): upstream's Synchronize
+wipes the allocation store and rebuilds it from container env, so a claim prepared but not yet
+running is forgotten and its container later fails with "not prepared by this driver".
+dracpu keeps every claim already in the store (they come from kubelet prepares or from the
+daemon's checkpoint) and only *adds* claims that running containers carry and the store lacks,
+after checking them against the CDI specs on disk (``claim_cpus_from_cdi``). A container whose
+env disagrees with the prepared CPUs of one of its claims (store or CDI) is treated as forged:
+its claims are ignored and it is confined to the shared pool (logged). Synchronize never
+aborts: a claim found in a second container, or a CDI claim overlapping CPUs already held, is
+logged and that container is confined to the shared pool, where upstream would fail the whole
+Synchronize and get dropped by the runtime in a loop. Container state and claim owners are
+rebuilt from the runtime's list, as upstream does. A container with malformed DRA env is
+skipped during Synchronize (no state, no update), exactly as upstream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dracpu.allocation.env import DRAEnvError, parse_dra_env
+from dracpu.allocation.store import (
+    AllocationStore,
+    ClaimRecord,
+    ClaimTracker,
+    ContainerRecord,
+    ContainerState,
+    OwnerError,
+    StoreError,
+)
+from dracpu.cpuset import CPUSet
+from dracpu.gofmt import go_quote
+from dracpu.messages import ContainerIntent
+from dracpu.proto.nri import api_pb2
+
+__all__ = [
+    "EMPTY_SHARED_POOL",
+    "CreateDecision",
+    "NRIPlugin",
+    "NRIPluginError",
+    "Update",
+]
+
+log = logging.getLogger(__name__)
+
+EMPTY_SHARED_POOL = "shared pool is empty: every allocatable CPU is held by claims"
+
+
+class NRIPluginError(Exception):
+    """A runtime event the plugin refuses; ``str(exc)`` is the error the runtime reports."""
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A cpuset change for an existing container (sent in a reply or in UpdateContainers).
+
+    ``mems`` is empty unless memory alignment is on (empty = leave ``cpuset.mems`` alone).
+    ``ignore_failure`` is set on best-effort updates of other containers, which may be
+    exiting (protocols.md 6.6).
+    """
+
+    container_id: str
+    cpus: CPUSet
+    mems: str = ""
+    cgroups_path: str = ""
+    pod_uid: str = ""
+    name: str = ""
+    ignore_failure: bool = False
+
+    def intent(self) -> ContainerIntent:
+        return ContainerIntent(
+            container_id=self.container_id,
+            cgroups_path=self.cgroups_path,
+            cpus=self.cpus.format(),
+            mems=self.mems,
+            pod_uid=self.pod_uid,
+            name=self.name,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CreateDecision:
+    """The reply to CreateContainer: the new container's cpuset and other containers' updates."""
+
+    cpus: CPUSet
+    mems: str = ""
+    updates: list[Update] = field(default_factory=list)
+    claim_uids: tuple[str, ...] = ()
+
+
+def _cgroups_path(container: api_pb2.Container) -> str:
+    return container.linux.cgroups_path if container.HasField("linux") else ""
+
+
+class NRIPlugin:
+    """Event -> decision, over the daemon's allocation stores (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: AllocationStore,
+        tracker: ClaimTracker,
+        containers: ContainerState,
+        claim_cpus_from_cdi: Callable[[], Mapping[str, CPUSet]],
+        align_memory: bool = False,
+        mems_of: Callable[[CPUSet], str] | None = None,
+    ) -> None:
+        if align_memory and mems_of is None:
+            raise ValueError("align_memory needs mems_of to map CPUs to NUMA nodes")
+        self._store = store
+        self._tracker = tracker
+        self._containers = containers
+        self._claim_cpus_from_cdi = claim_cpus_from_cdi
+        self._mems_of = mems_of if align_memory else None
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def shared_pool(self) -> CPUSet:
+        return self._store.shared_pool
+
+    def _mems(self, cpus: CPUSet) -> str:
+        return self._mems_of(cpus) if self._mems_of is not None and cpus else ""
+
+    def _claims_cpus(self, claim_uids: Iterable[str]) -> CPUSet:
+        cpus = CPUSet()
+        for uid in claim_uids:
+            held = self._store.cpus_of(uid)
+            if held is not None:
+                cpus |= held
+        return cpus
+
+    def _shared_records(self) -> list[ContainerRecord]:
+        by_id = {r.container_id: r for r in self._containers if r.is_shared}
+        return [by_id[cid] for cid in self._containers.shared_container_ids() if cid in by_id]
+
+    def _shared_updates(self, exclude: str = "") -> list[Update]:
+        pool = self._store.shared_pool
+        records = [r for r in self._shared_records() if r.container_id != exclude]
+        if not records:
+            return []
+        if not pool:
+            log.error("cannot confine %d shared containers: %s", len(records), EMPTY_SHARED_POOL)
+            return []
+        return [
+            Update(
+                container_id=r.container_id,
+                cpus=pool,
+                cgroups_path=r.cgroups_path,
+                pod_uid=r.pod_uid,
+                name=r.name,
+                ignore_failure=True,
+            )
+            for r in records
+        ]
+
+    def shared_pool_updates(self) -> list[Update]:
+        """Updates moving every shared container to the current shared pool.
+
+        Send them (UpdateContainers, from a task of its own) after an unprepare grew the
+        pool; empty when there is no shared container or the pool is empty (logged).
+        """
+        return self._shared_updates()
+
+    def intents(self) -> list[ContainerIntent]:
+        """What every known container should run on, with its cgroups path.
+
+        A shared container follows the shared pool (none is listed while the pool is
+        empty); a claim holder runs on its claims' CPUs (a holder whose claims are all gone
+        from the store follows the shared pool).
+        """
+        pool = self._store.shared_pool
+        out: list[ContainerIntent] = []
+        for record in self._containers:
+            cpus = self._claims_cpus(record.claim_uids) if record.claim_uids else CPUSet()
+            mems = self._mems(cpus) if cpus else ""
+            if not cpus:
+                cpus = pool
+            if not cpus:
+                continue
+            out.append(
+                ContainerIntent(
+                    container_id=record.container_id,
+                    cgroups_path=record.cgroups_path,
+                    cpus=cpus.format(),
+                    mems=mems,
+                    pod_uid=record.pod_uid,
+                    name=record.name,
+                )
+            )
+        return out
+
+    # -- events -----------------------------------------------------------------------------
+    def create_container(
+        self, pod: api_pb2.PodSandbox, container: api_pb2.Container
+    ) -> CreateDecision:
+        """§13.3: pin a claim holder to its claims' CPUs, anyone else to the shared pool.
+
+        Raises `NRIPluginError` (the container is not created) for malformed DRA env, a
+        claim that is not prepared or whose CPUs differ, a claim bound to another
+        container, and a shared container while the shared pool is empty.
+        """
+        try:
+            claims = parse_dra_env(container.env)
+        except DRAEnvError as exc:
+            raise NRIPluginError(str(exc)) from None
+        cgroups_path = _cgroups_path(container)
+        if not claims:
+            pool = self._store.shared_pool
+            if not pool:
+                raise NRIPluginError(EMPTY_SHARED_POOL)
+            self._containers.set(
+                ContainerRecord(
+                    pod_uid=pod.uid,
+                    name=container.name,
+                    container_id=container.id,
+                    cgroups_path=cgroups_path,
+                )
+            )
+            return CreateDecision(cpus=pool)
+
+        claim_uids = tuple(claims)
+        try:
+            newly_bound = self._tracker.set_owner(pod.uid, container.name, claim_uids)
+        except OwnerError as exc:
+            raise NRIPluginError(str(exc)) from None
+        try:
+            self._store.validate(claims)
+        except StoreError as exc:
+            self._tracker.release(newly_bound)
+            raise NRIPluginError(str(exc)) from None
+        guaranteed = CPUSet()
+        for cpus in claims.values():
+            guaranteed |= cpus
+        self._containers.set(
+            ContainerRecord(
+                pod_uid=pod.uid,
+                name=container.name,
+                container_id=container.id,
+                claim_uids=claim_uids,
+                cgroups_path=cgroups_path,
+            )
+        )
+        updates = self._shared_updates(exclude=container.id) if newly_bound else []
+        return CreateDecision(
+            cpus=guaranteed,
+            mems=self._mems(guaranteed),
+            updates=updates,
+            claim_uids=claim_uids,
+        )
+
+    def stop_container(
+        self, pod: api_pb2.PodSandbox, container: api_pb2.Container
+    ) -> ContainerRecord | None:
+        """§13.4: forget the container if it is the one we know; claims stay bound.
+
+        Returns the forgotten record, or None for a stale or unknown event.
+        """
+        removed = self._containers.remove(pod.uid, container.name, container.id)
+        if removed is None:
+            log.debug(
+                "ignoring stale or unknown StopContainer event",
+                extra={"container_id": container.id, "pod_uid": pod.uid},
+            )
+        return removed
+
+    def remove_container(
+        self, pod: api_pb2.PodSandbox, container: api_pb2.Container
+    ) -> ContainerRecord | None:
+        """§13.4: like Stop (usually stale by now); nothing is sent either way."""
+        removed = self._containers.remove(pod.uid, container.name, container.id)
+        if removed is None:
+            log.debug(
+                "ignoring stale or unknown RemoveContainer event",
+                extra={"container_id": container.id, "pod_uid": pod.uid},
+            )
+        elif removed.claim_uids:
+            log.info(
+                "removed container %s still held claims %s; its CPUs return to the shared "
+                "pool only when the claims are unprepared",
+                container.id,
+                ",".join(removed.claim_uids),
+            )
+        return removed
+
+    def synchronize(
+        self,
+        pods: Sequence[api_pb2.PodSandbox],
+        containers: Sequence[api_pb2.Container],
+    ) -> list[Update]:
+        """§13.5 with dracpu's deviation (module docstring): rebuild owners and container
+        state from the runtime's list, add claims the store lacks, return the updates
+        (claim holders first, then every shared container)."""
+        pods_by_id = {pod.id: pod for pod in pods}
+        cdi: Mapping[str, CPUSet] | None = None
+        tracker = ClaimTracker()
+        records: list[ContainerRecord] = []
+        added: dict[str, CPUSet] = {}
+        free = self._store.shared_pool
+        guaranteed_updates: list[Update] = []
+
+        for container in containers:
+            pod = pods_by_id.get(container.pod_sandbox_id)
+            if pod is None:
+                continue
+            try:
+                env_claims = parse_dra_env(container.env)
+            except DRAEnvError as exc:
+                log.warning(
+                    "ignoring container with malformed DRA env during synchronize: %s",
+                    exc,
+                    extra={"container_id": container.id},
+                )
+                continue
+            valid: dict[str, CPUSet] = {}
+            forged = False
+            pending_adds: dict[str, CPUSet] = {}
+            for uid, cpus in env_claims.items():
+                known = self._store.cpus_of(uid)
+                if known is None:
+                    known = added.get(uid)
+                if known is None:
+                    if cdi is None:
+                        cdi = self._claim_cpus_from_cdi()
+                    known = cdi.get(uid)
+                    if known is None:
+                        log.warning(
+                            "ignoring claim %s of container %s during synchronize: no "
+                            "driver-owned CDI spec for it",
+                            go_quote(uid),
+                            container.id,
+                        )
+                        continue
+                    pending = CPUSet()
+                    for held in pending_adds.values():
+                        pending |= held
+                    if known == cpus and not cpus <= free - pending:
+                        log.warning(
+                            "confining container %s to the shared pool: claim %s from its "
+                            "CDI spec overlaps CPUs already held (%s)",
+                            container.id,
+                            go_quote(uid),
+                            cpus.format(),
+                        )
+                        forged = True
+                        break
+                    if known == cpus:
+                        pending_adds[uid] = cpus
+                if known != cpus:
+                    log.warning(
+                        "confining container %s to the shared pool: validation failed for "
+                        "claim %s during synchronize: cpuset mismatch (expected %s, got %s "
+                        "from runtime)",
+                        container.id,
+                        go_quote(uid),
+                        go_quote(known.format()),
+                        go_quote(cpus.format()),
+                    )
+                    forged = True
+                    break
+                valid[uid] = cpus
+            if not forged and valid:
+                try:
+                    tracker.set_owner(pod.uid, container.name, tuple(valid))
+                except OwnerError as exc:
+                    log.warning(
+                        "confining container %s to the shared pool during synchronize: %s",
+                        container.id,
+                        exc,
+                    )
+                    forged = True
+            if forged or not valid:
+                records.append(
+                    ContainerRecord(
+                        pod_uid=pod.uid,
+                        name=container.name,
+                        container_id=container.id,
+                        cgroups_path=_cgroups_path(container),
+                    )
+                )
+                continue
+            for uid, cpus in pending_adds.items():
+                added[uid] = cpus
+                free -= cpus
+            claim_cpus = CPUSet()
+            for cpus in valid.values():
+                claim_cpus |= cpus
+            record = ContainerRecord(
+                pod_uid=pod.uid,
+                name=container.name,
+                container_id=container.id,
+                claim_uids=tuple(valid),
+                cgroups_path=_cgroups_path(container),
+            )
+            records.append(record)
+            guaranteed_updates.append(
+                Update(
+                    container_id=container.id,
+                    cpus=claim_cpus,
+                    mems=self._mems(claim_cpus),
+                    cgroups_path=record.cgroups_path,
+                    pod_uid=pod.uid,
+                    name=container.name,
+                )
+            )
+
+        self._commit_sync(added, tracker, records)
+        return guaranteed_updates + self._shared_updates()
+
+    def _commit_sync(
+        self, added: Mapping[str, CPUSet], tracker: ClaimTracker, records: list[ContainerRecord]
+    ) -> None:
+        for uid, cpus in added.items():
+            # Checked against the running free set above, so this cannot overlap.
+            self._store.reserve(ClaimRecord(uid=uid, cpus=cpus))
+            log.info("reserved allocation for resource claim %s from its CDI spec", uid)
+        self._tracker.release(list(self._tracker.owners()))
+        by_owner: dict[tuple[str, str], list[str]] = {}
+        for uid, owner in tracker.owners().items():
+            by_owner.setdefault((owner.pod_uid, owner.container_name), []).append(uid)
+        for (pod_uid, name), uids in by_owner.items():
+            self._tracker.set_owner(pod_uid, name, uids)
+        for old in list(self._containers):
+            self._containers.remove(old.pod_uid, old.name, old.container_id)
+        for record in records:
+            self._containers.set(record)

@@ -1,0 +1,397 @@
+"""NRIPlugin decisions (behavior.md §13.3-§13.5) and dracpu's stricter Synchronize."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from dracpu.allocation.store import (
+    AllocationStore,
+    ClaimRecord,
+    ClaimTracker,
+    ContainerState,
+    Owner,
+)
+from dracpu.cpuset import CPUSet
+from dracpu.messages import ContainerIntent
+from dracpu.nri.plugin import EMPTY_SHARED_POOL, NRIPlugin, NRIPluginError, Update
+from dracpu.proto.nri import api_pb2
+
+ALL = CPUSet.parse("0-7")
+NONE = CPUSet()
+
+
+def cs(text: str) -> CPUSet:
+    return CPUSet.parse(text)
+
+
+def pod(uid: str) -> api_pb2.PodSandbox:
+    return api_pb2.PodSandbox(id=f"sb-{uid}", uid=uid, name=f"pod-{uid}", namespace="default")
+
+
+def ctr(pod_uid: str, name: str, cid: str, *env: str) -> api_pb2.Container:
+    return api_pb2.Container(
+        id=cid,
+        pod_sandbox_id=f"sb-{pod_uid}",
+        name=name,
+        env=["PATH=/bin", *env],
+        linux=api_pb2.LinuxContainer(cgroups_path=f"/kubepods/pod{pod_uid}/{cid}"),
+    )
+
+
+class Node:
+    """One plugin over fresh stores, with a CDI view tests can fill."""
+
+    def __init__(self, available: CPUSet = ALL, reserved: CPUSet = NONE, **kw: object):
+        self.store = AllocationStore(available, reserved)
+        self.tracker = ClaimTracker()
+        self.containers = ContainerState()
+        self.cdi: dict[str, CPUSet] = {}
+        self.cdi_reads = 0
+        self.plugin = NRIPlugin(
+            store=self.store,
+            tracker=self.tracker,
+            containers=self.containers,
+            claim_cpus_from_cdi=self._read_cdi,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def _read_cdi(self) -> Mapping[str, CPUSet]:
+        self.cdi_reads += 1
+        return dict(self.cdi)
+
+    def prepare(self, uid: str, cpus: str) -> None:
+        self.store.reserve(ClaimRecord(uid=uid, cpus=cs(cpus)))
+
+
+def pairs(updates: list[Update]) -> list[tuple[str, str]]:
+    return [(u.container_id, u.cpus.format()) for u in updates]
+
+
+# -- §13.3 table ----------------------------------------------------------------------------
+
+
+def test_row1_nothing_prepared_shared_container_gets_all_cpus() -> None:
+    node = Node()
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1"))
+    assert decision.cpus == ALL
+    assert decision.updates == []
+    assert node.containers.shared_container_ids() == ["c1"]
+
+
+def test_row2_shared_container_gets_pool_without_claimed_cpus() -> None:
+    node = Node()
+    node.prepare("A", "0-3")
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1"))
+    assert decision.cpus == cs("4-7")
+    assert decision.updates == []
+
+
+def test_row3_guaranteed_container_alone() -> None:
+    node = Node()
+    node.prepare("A", "0-3")
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1", "DRA_CPUSET_A=0-3"))
+    assert decision.cpus == cs("0-3")
+    assert decision.updates == []
+    assert decision.mems == ""
+    assert node.tracker.owner_of("A") == Owner("p1", "app")
+
+
+def test_row4_guaranteed_container_shrinks_shared_containers() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p0"), ctr("p0", "s1", "s1"))
+    node.plugin.create_container(pod("p0"), ctr("p0", "s2", "s2"))
+    node.prepare("A", "2-3")
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=2-3"))
+    assert decision.cpus == cs("2-3")
+    assert pairs(decision.updates) == [("s1", "0-1,4-7"), ("s2", "0-1,4-7")]
+    assert all(u.ignore_failure for u in decision.updates)
+    assert decision.updates[0].cgroups_path == "/kubepods/podp0/s1"
+    assert decision.updates[0].intent() == ContainerIntent(
+        container_id="s1",
+        cgroups_path="/kubepods/podp0/s1",
+        cpus="0-1,4-7",
+        pod_uid="p0",
+        name="s1",
+    )
+
+
+def test_row5_claim_not_prepared() -> None:
+    node = Node()
+    with pytest.raises(NRIPluginError) as err:
+        node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1", "DRA_CPUSET_A=0-3"))
+    assert str(err.value) == 'claim "A" is not prepared by this driver'
+    # The owner bound before validation is released again; nothing is recorded.
+    assert node.tracker.owner_of("A") is None
+    assert len(node.containers) == 0
+
+
+def test_row6_cpuset_mismatch_is_refused() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    with pytest.raises(NRIPluginError) as err:
+        node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1", "DRA_CPUSET_A=0-3"))
+    assert str(err.value) == (
+        'validation failed for claim "A": cpuset mismatch (expected "0-1", got "0-3")'
+    )
+    assert node.tracker.owner_of("A") is None
+
+
+# -- env and security -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("DRA_CPUSET_A", 'malformed DRA env entry "DRA_CPUSET_A"'),
+        (
+            "DRA_CPUSET_A=a-b",
+            'failed to parse cpuset value "a-b" from env "DRA_CPUSET_A=a-b": ',
+        ),
+    ],
+)
+def test_malformed_env_fails_creation_of_any_container(entry: str, message: str) -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    with pytest.raises(NRIPluginError) as err:
+        node.plugin.create_container(pod("p1"), ctr("p1", "besteffort", "c1", entry))
+    assert str(err.value).startswith(message)
+    assert len(node.containers) == 0
+
+
+def test_dra_cpusetx_key_is_not_a_claim() -> None:
+    node = Node()
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1", "DRA_CPUSETX=0-3"))
+    assert decision.cpus == ALL
+
+
+def test_forged_env_matching_another_pods_claim_is_refused() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
+    with pytest.raises(NRIPluginError) as err:
+        node.plugin.create_container(pod("evil"), ctr("evil", "x", "e1", "DRA_CPUSET_A=0-1"))
+    assert str(err.value) == 'claimUID "A" already bound to pod "p1" container "app"'
+
+
+def test_empty_shared_pool_fails_closed_for_shared_containers() -> None:
+    node = Node()
+    node.prepare("A", "0-7")
+    with pytest.raises(NRIPluginError) as err:
+        node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1"))
+    assert str(err.value) == EMPTY_SHARED_POOL
+    assert len(node.containers) == 0
+    # The claim holder itself is still created.
+    decision = node.plugin.create_container(pod("p2"), ctr("p2", "app", "g1", "DRA_CPUSET_A=0-7"))
+    assert decision.cpus == ALL
+    assert node.plugin.intents()[0].cpus == "0-7"
+
+
+def test_claim_taking_the_last_cpus_sends_no_empty_updates() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p0"), ctr("p0", "s1", "s1"))
+    node.prepare("A", "0-7")
+    decision = node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-7"))
+    assert decision.updates == []
+    assert node.plugin.intents() == [
+        ContainerIntent(
+            container_id="g1",
+            cgroups_path="/kubepods/podp1/g1",
+            cpus="0-7",
+            pod_uid="p1",
+            name="app",
+        )
+    ]
+
+
+def test_two_claims_union_and_align_memory() -> None:
+    node = Node(align_memory=True, mems_of=lambda cpus: "0" if cpus.max() < 4 else "0-1")
+    node.prepare("A", "0-1")
+    node.prepare("B", "4")
+    decision = node.plugin.create_container(
+        pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1", "DRA_CPUSET_B=4")
+    )
+    assert decision.cpus == cs("0-1,4")
+    assert decision.mems == "0-1"
+    assert decision.claim_uids == ("A", "B")
+
+
+def test_align_memory_needs_mems_of() -> None:
+    with pytest.raises(ValueError, match="mems_of"):
+        Node(align_memory=True)
+
+
+# -- §13.4 stop / remove ------------------------------------------------------------------
+
+
+def test_restarted_container_keeps_its_claim_and_sends_no_updates() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p0"), ctr("p0", "s1", "s1"))
+    node.prepare("A", "0-1")
+    first = node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
+    assert pairs(first.updates) == [("s1", "2-7")]
+    assert node.plugin.stop_container(pod("p1"), ctr("p1", "app", "g1")) is not None
+    assert node.tracker.owner_of("A") == Owner("p1", "app")
+    again = node.plugin.create_container(pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
+    assert again.cpus == cs("0-1")
+    assert again.updates == []
+
+
+def test_stale_stop_and_remove_after_new_create_are_ignored() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
+    assert node.plugin.stop_container(pod("p1"), ctr("p1", "app", "g1")) is None
+    assert node.plugin.remove_container(pod("p1"), ctr("p1", "app", "g1")) is None
+    record = node.containers.get("p1", "app")
+    assert record is not None and record.container_id == "g2"
+    removed = node.plugin.remove_container(pod("p1"), ctr("p1", "app", "g2"))
+    assert removed is not None and removed.claim_uids == ("A",)
+    assert node.store.cpus_of("A") == cs("0-1")  # only Unprepare releases CPUs
+
+
+def test_shared_container_replaced_by_new_id_leaves_shared_set() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "c1"))
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "c2"))
+    assert node.containers.shared_container_ids() == ["c2"]
+
+
+def test_shared_pool_updates_after_unprepare() -> None:
+    node = Node()
+    node.prepare("A", "0-3")
+    node.plugin.create_container(pod("p0"), ctr("p0", "s1", "s1"))
+    node.plugin.create_container(pod("p0"), ctr("p0", "s2", "s2"))
+    node.store.release("A")
+    assert pairs(node.plugin.shared_pool_updates()) == [("s1", "0-7"), ("s2", "0-7")]
+    node.prepare("B", "0-7")
+    assert node.plugin.shared_pool_updates() == []
+
+
+# -- §13.5 synchronize --------------------------------------------------------------------
+
+
+def test_sync_example_rebuilds_from_cdi() -> None:
+    node = Node()
+    node.cdi = {"A": cs("0-1")}
+    pods = [pod("p1"), pod("p2")]
+    containers = [
+        ctr("p1", "g", "p1-g", "DRA_CPUSET_A=0,1"),
+        ctr("p1", "s", "p1-s"),
+        ctr("p2", "s", "p2-s"),
+    ]
+    updates = node.plugin.synchronize(pods, containers)
+    assert pairs(updates) == [("p1-g", "0-1"), ("p1-s", "2-7"), ("p2-s", "2-7")]
+    assert node.store.cpus_of("A") == cs("0-1")
+    assert node.tracker.owner_of("A") == Owner("p1", "g")
+    assert node.cdi_reads == 1
+    assert not updates[0].ignore_failure
+
+
+def test_sync_claim_without_cdi_spec_is_shared() -> None:
+    node = Node()
+    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1")])
+    assert pairs(updates) == [("c1", "0-7")]
+    assert "A" not in node.store
+    assert node.containers.shared_container_ids() == ["c1"]
+
+
+def test_sync_malformed_env_gets_no_update() -> None:
+    node = Node()
+    updates = node.plugin.synchronize(
+        [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=a-b"), ctr("p1", "s", "c2")]
+    )
+    assert pairs(updates) == [("c2", "0-7")]
+    assert node.containers.get("p1", "g") is None
+
+
+def test_sync_ignores_containers_of_unknown_pods() -> None:
+    node = Node()
+    assert node.plugin.synchronize([pod("p1")], [ctr("p9", "s", "c9")]) == []
+
+
+def test_sync_keeps_prepared_claims_not_yet_running() -> None:
+    node = Node()
+    node.prepare("A", "0-1")  # prepared by the kubelet, its container not created yet
+    node.plugin.create_container(pod("p0"), ctr("p0", "old", "gone"))
+    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "s", "c1")])
+    assert pairs(updates) == [("c1", "2-7")]
+    assert node.store.cpus_of("A") == cs("0-1")
+    assert [r.container_id for r in node.containers] == ["c1"]  # rebuilt from the runtime
+    decision = node.plugin.create_container(pod("p2"), ctr("p2", "g", "g1", "DRA_CPUSET_A=0-1"))
+    assert decision.cpus == cs("0-1")
+
+
+def test_sync_env_disagreeing_with_store_is_forged_and_confined() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.cdi = {"A": cs("0-3")}
+    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3")])
+    assert pairs(updates) == [("c1", "2-7")]
+    assert node.tracker.owner_of("A") is None
+    assert node.store.cpus_of("A") == cs("0-1")
+
+
+def test_sync_env_disagreeing_with_cdi_is_confined() -> None:
+    node = Node()
+    node.cdi = {"A": cs("0-1")}
+    updates = node.plugin.synchronize(
+        [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3", "DRA_CPUSET_B=4")]
+    )
+    assert pairs(updates) == [("c1", "0-7")]
+    assert "A" not in node.store
+
+
+def test_sync_same_claim_in_two_containers_confines_the_second() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    updates = node.plugin.synchronize(
+        [pod("p1"), pod("p2")],
+        [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1"), ctr("p2", "x", "c2", "DRA_CPUSET_A=0-1")],
+    )
+    assert pairs(updates) == [("c1", "0-1"), ("c2", "2-7")]
+    assert node.tracker.owner_of("A") == Owner("p1", "g")
+
+
+def test_sync_cdi_claim_overlapping_held_cpus_is_confined() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.cdi = {"B": cs("1-2")}
+    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_B=1-2")])
+    assert pairs(updates) == [("c1", "2-7")]
+    assert "B" not in node.store
+
+
+def test_sync_two_cdi_claims_of_one_container_that_overlap_are_refused() -> None:
+    node = Node()
+    node.cdi = {"A": cs("0-1"), "B": cs("1-2")}
+    updates = node.plugin.synchronize(
+        [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1", "DRA_CPUSET_B=1-2")]
+    )
+    assert pairs(updates) == [("c1", "0-7")]
+    assert len(node.store) == 0
+
+
+def test_sync_rebuilds_owners_of_stopped_claim_holders() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.plugin.create_container(pod("p1"), ctr("p1", "g", "g1", "DRA_CPUSET_A=0-1"))
+    node.plugin.synchronize([pod("p1")], [])
+    assert node.tracker.owners() == {}
+    assert len(node.containers) == 0
+    assert node.store.cpus_of("A") == cs("0-1")
+
+
+def test_intents_cover_every_container() -> None:
+    node = Node()
+    node.prepare("A", "0-1")
+    node.plugin.create_container(pod("p1"), ctr("p1", "g", "g1", "DRA_CPUSET_A=0-1"))
+    node.plugin.create_container(pod("p1"), ctr("p1", "s", "s1"))
+    assert [(i.container_id, i.cpus, i.cgroups_path) for i in node.plugin.intents()] == [
+        ("g1", "0-1", "/kubepods/podp1/g1"),
+        ("s1", "2-7", "/kubepods/podp1/s1"),
+    ]
+    node.store.release("A")  # claim holder whose claim is gone follows the pool
+    assert [i.cpus for i in node.plugin.intents()] == ["0-7", "0-7"]
