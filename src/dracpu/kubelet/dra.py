@@ -1,0 +1,367 @@
+"""The DRA kubelet service: NodePrepareResources / NodeUnprepareResources (behavior.md §7,
+§8, §10, §11; protocols.md §3).
+
+``DRAService.prepare`` and ``unprepare`` are protocol-independent; ``grpc_handlers()``
+serves them on both DRA API versions (v1 and v1beta1) from the generated ``__mapping__()``.
+
+Prepare reads every claim first (outside the lock, as the Go helper does), then, one call
+at a time: plan (pure) -> reserve in the store -> write the CDI spec -> persist -> reply.
+Reserving before any file I/O, under one lock, with the store re-checking overlap itself,
+is what keeps a CPU from ever being handed out twice (§8.7). Every claim-level failure
+leaves the store as §8.6 says: a new claim is released again, an already prepared one
+keeps its CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from grpclib.const import Handler, Status
+from grpclib.exceptions import GRPCError
+
+from dracpu import DRIVER_NAME
+from dracpu.allocation.prepare import (
+    ClaimAllocation,
+    ClaimPlan,
+    DeviceNames,
+    PrepareError,
+    cdi_device_id,
+    commit_plan,
+    plan_claim,
+    rollback,
+)
+from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, StoreError
+from dracpu.cdi import CDIError, check_claim_uid, remove_claim_spec, write_claim_spec
+from dracpu.cpuset import CPUSet
+from dracpu.k8s.claims import ClaimReadError
+from dracpu.kubelet._aio import Serializer, run_blocking, shielded
+from dracpu.kubelet.claims import ClaimSource
+from dracpu.metrics import DriverMetrics
+from dracpu.proto.dra.v1 import api_grpc as v1_grpc
+from dracpu.proto.dra.v1 import api_pb2 as v1_pb
+from dracpu.proto.dra.v1beta1 import api_grpc as v1beta1_grpc
+from dracpu.proto.dra.v1beta1 import api_pb2 as v1beta1_pb
+from dracpu.topology.model import Topology
+
+__all__ = [
+    "ClaimPrepareResult",
+    "ClaimRef",
+    "ClaimUnprepareResult",
+    "DRAService",
+    "PreparedDeviceReply",
+    "restore_claims",
+]
+
+log = logging.getLogger(__name__)
+
+Persist = Callable[[], Awaitable[None]]
+
+
+class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A claim as the kubelet names it in a request."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class PreparedDeviceReply(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a prepare reply (protocols.md §3.2 ``Device``)."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str = ""
+
+
+class ClaimPrepareResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Devices of a prepared claim, or ``error`` (then ``devices`` is empty)."""
+
+    devices: tuple[PreparedDeviceReply, ...] = ()
+    error: str = ""
+
+
+class ClaimUnprepareResult(msgspec.Struct, frozen=True, kw_only=True):
+    error: str = ""
+
+
+def _base_request(request: str) -> str:
+    # The reply names the request, not the sub-request (protocols.md §3.2).
+    return request.split("/", 1)[0]
+
+
+def _reply_devices(claim: ClaimAllocation, plan: ClaimPlan) -> tuple[PreparedDeviceReply, ...]:
+    ours = [r for r in claim.results if r.driver == DRIVER_NAME]
+    ids = (cdi_device_id(claim.uid),)
+    devices = []
+    # plan.devices has one entry per result of ours, in order (§8.5 step 2).
+    for index, device in enumerate(plan.devices):
+        share_id = ours[index].share_id if index < len(ours) else ""
+        devices.append(
+            PreparedDeviceReply(
+                request_names=tuple(_base_request(r) for r in device.request_names),
+                pool_name=device.pool_name,
+                device_name=device.device_name,
+                cdi_device_ids=ids,
+                share_id=share_id,
+            )
+        )
+    return tuple(devices)
+
+
+def restore_claims(store: AllocationStore, claims: Mapping[str, CPUSet]) -> list[str]:
+    """Put claims found on disk (CDI specs, a checkpoint) back into an empty store.
+
+    Returns one message per claim that could not be restored (e.g. two specs claiming the
+    same CPU); the others are restored.
+    """
+    errors = []
+    for uid, cpus in claims.items():
+        try:
+            store.reserve(ClaimRecord(uid=uid, cpus=cpus))
+        except StoreError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+class DRAService:
+    """Prepare and unprepare, serialized; see the module docstring for the order of work."""
+
+    def __init__(
+        self,
+        *,
+        claims: ClaimSource,
+        store: AllocationStore,
+        inventory: DeviceNames,
+        topology: Topology,
+        online: CPUSet,
+        cdi_dir: str,
+        metrics: DriverMetrics,
+        node_name: str,
+        persist: Persist | None = None,
+        on_change: Callable[[], None] | None = None,
+        tracker: ClaimTracker | None = None,
+    ) -> None:
+        self.claims = claims
+        self.store = store
+        self.inventory = inventory
+        self.topology = topology
+        self.online = online
+        self.cdi_dir = cdi_dir
+        self.metrics = metrics
+        self.node_name = node_name
+        self._persist = persist
+        self._on_change = on_change
+        self._tracker = tracker
+        self._serial = Serializer()
+        self.refresh_gauges()
+
+    def refresh_gauges(self) -> None:
+        snap = self.store.snapshot()
+        self.metrics.set_snapshot(
+            allocated=snap.allocated,
+            available=snap.available,
+            reserved=snap.reserved,
+            active=snap.active,
+        )
+
+    # -- prepare ------------------------------------------------------------------------
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
+        """Prepare every claim; the result holds exactly the requested UIDs.
+
+        Raises ``ClaimReadError`` (the whole call fails, §7 step 1) when a claim cannot be
+        read, is not allocated, or was replaced; nothing is changed then.
+        """
+        allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
+        results: dict[str, ClaimPrepareResult] = {}
+        async with self._serial.lock():
+            changed = False
+            for ref, claim in zip(claims, allocations, strict=True):
+                started = time.perf_counter()
+                result, new = await self._prepare_claim(claim)
+                self.metrics.prepare_duration.observe(time.perf_counter() - started)
+                self.metrics.count_prepare("error" if result.error else "success")
+                results[ref.uid] = result
+                changed |= new
+            if changed and self._on_change is not None:
+                self._on_change()
+        return results
+
+    async def _prepare_claim(self, claim: ClaimAllocation) -> tuple[ClaimPrepareResult, bool]:
+        """One claim; returns its result and whether the store changed."""
+        where = f"{claim.namespace}/{claim.name}"
+        try:
+            check_claim_uid(claim.uid)
+            plan = plan_claim(
+                claim,
+                inventory=self.inventory,
+                topology=self.topology,
+                store=self.store,
+                online=self.online,
+            )
+        except (PrepareError, CDIError) as exc:
+            log.info("prepare of claim %s failed: %s", where, exc)
+            return ClaimPrepareResult(error=str(exc)), False
+        if plan.is_empty:
+            return ClaimPrepareResult(), False
+        with shielded():
+            try:
+                new = commit_plan(self.store, plan)
+            except PrepareError as exc:
+                return ClaimPrepareResult(error=str(exc)), False
+            error = await self._write_and_persist(claim, plan, new)
+        if error:
+            log.info("prepare of claim %s failed: %s", where, error)
+            return ClaimPrepareResult(error=error), False
+        if new:
+            log.info("prepared claim %s uid=%s cpus=%s", where, claim.uid, plan.cpus)
+            self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
+            self.refresh_gauges()
+        return ClaimPrepareResult(devices=_reply_devices(claim, plan)), new
+
+    async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
+        """The file half of a prepare; on failure undo it per §8.6 and return the error."""
+        try:
+            await run_blocking(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
+        except CDIError as exc:
+            rollback(self.store, plan)
+            return str(exc)
+        if not new or self._persist is None:
+            return ""
+        try:
+            await self._persist()
+        except Exception as exc:
+            rollback(self.store, plan)
+            try:
+                await run_blocking(remove_claim_spec, self.cdi_dir, claim.uid)
+            except CDIError as rm_exc:
+                log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
+            return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
+        return ""
+
+    # -- unprepare ----------------------------------------------------------------------
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimUnprepareResult]:
+        """Unprepare every claim (§11); unknown claims succeed."""
+        results: dict[str, ClaimUnprepareResult] = {}
+        async with self._serial.lock():
+            changed = False
+            for ref in claims:
+                with shielded():
+                    error, released = await self._unprepare_claim(ref)
+                self.metrics.count_unprepare("error" if error else "success")
+                results[ref.uid] = ClaimUnprepareResult(error=error)
+                changed |= released
+            if changed and self._on_change is not None:
+                self._on_change()
+        return results
+
+    async def _unprepare_claim(self, ref: ClaimRef) -> tuple[str, bool]:
+        record = self.store.get(ref.uid)
+        try:
+            check_claim_uid(ref.uid)
+        except CDIError as exc:
+            # No spec can exist under such a name; a claim we never had is simply done.
+            return ("", False) if record is None else (str(exc), False)
+        try:
+            await run_blocking(remove_claim_spec, self.cdi_dir, ref.uid)
+        except CDIError as exc:
+            log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
+            return str(exc), False
+        if record is None:
+            return "", False
+        self.store.release(ref.uid)
+        if self._persist is not None:
+            try:
+                await self._persist()
+            except Exception as exc:
+                # Keep memory, disk and checkpoint in agreement: the claim stays prepared
+                # and the kubelet retries the unprepare.
+                self.store.reserve(record)
+                try:
+                    await run_blocking(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
+                except CDIError as write_exc:
+                    log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
+                return f"failed to record claim {ref.namespace}/{ref.name}: {exc}", False
+        if self._tracker is not None:
+            self._tracker.release([ref.uid])
+        log.info(
+            "unprepared claim %s/%s uid=%s cpus=%s", ref.namespace, ref.name, ref.uid, record.cpus
+        )
+        self.refresh_gauges()
+        return "", True
+
+    # -- gRPC -----------------------------------------------------------------------------
+    def handlers_v1(self) -> dict[str, Handler]:
+        return _DRAPluginV1(self).__mapping__()
+
+    def handlers_v1beta1(self) -> dict[str, Handler]:
+        return _DRAPluginV1beta1(self).__mapping__()
+
+    def grpc_handlers(self) -> dict[str, Handler]:
+        """Both DRA API versions, for one ``serve_unix`` table."""
+        return {**self.handlers_v1(), **self.handlers_v1beta1()}
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+async def _serve_prepare(service: DRAService, stream: Any, pb: Any, share_ids: bool) -> None:
+    request = await stream.recv_message()
+    try:
+        results = await service.prepare(_refs(request))
+    except ClaimReadError as exc:
+        # A claim that cannot be read fails the whole call (§7 step 1); grpc-go reports a
+        # plain error as UNKNOWN, which is what the kubelet sees from the Go helper.
+        raise GRPCError(Status.UNKNOWN, str(exc)) from None
+    reply = pb.NodePrepareResourcesResponse()
+    for uid, result in results.items():
+        entry = reply.claims[uid]
+        entry.error = result.error
+        for device in result.devices:
+            item = entry.devices.add(
+                request_names=device.request_names,
+                pool_name=device.pool_name,
+                device_name=device.device_name,
+                cdi_device_ids=device.cdi_device_ids,
+            )
+            if share_ids and device.share_id:
+                item.share_id = device.share_id
+    await stream.send_message(reply)
+
+
+async def _serve_unprepare(service: DRAService, stream: Any, pb: Any) -> None:
+    request = await stream.recv_message()
+    results = await service.unprepare(_refs(request))
+    reply = pb.NodeUnprepareResourcesResponse()
+    for uid, result in results.items():
+        reply.claims[uid].error = result.error
+    await stream.send_message(reply)
+
+
+class _DRAPluginV1(v1_grpc.DRAPluginBase):
+    def __init__(self, service: DRAService) -> None:
+        self._service = service
+
+    async def NodePrepareResources(self, stream: Any) -> None:
+        await _serve_prepare(self._service, stream, v1_pb, share_ids=True)
+
+    async def NodeUnprepareResources(self, stream: Any) -> None:
+        await _serve_unprepare(self._service, stream, v1_pb)
+
+
+class _DRAPluginV1beta1(v1beta1_grpc.DRAPluginBase):
+    def __init__(self, service: DRAService) -> None:
+        self._service = service
+
+    async def NodePrepareResources(self, stream: Any) -> None:
+        # v1beta1's Device has no share_id (protocols.md §3.1).
+        await _serve_prepare(self._service, stream, v1beta1_pb, share_ids=False)
+
+    async def NodeUnprepareResources(self, stream: Any) -> None:
+        await _serve_unprepare(self._service, stream, v1beta1_pb)
