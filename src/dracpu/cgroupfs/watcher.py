@@ -1,0 +1,322 @@
+"""The drift watcher: keep what the kernel enforces equal to what dracpu intends.
+
+Every ``interval`` seconds (and soon after an inotify event in a watched cgroup directory,
+where inotify is available) one check reads each known container's effective cpuset,
+compares it with the intended one and rewrites the drifted ones through the writer. It also
+walks the container roots for container cgroups no intent knows about — created while the
+NRI session was down — and confines them to the shared pool, so an unknown container never
+runs on CPUs given exclusively to a claim.
+
+The comparisons are pure functions over what was read (:func:`find_drift`,
+:func:`is_container_dir`); the check itself is synchronous and the Trio loop around it
+is thin.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import logging
+import os
+import posixpath
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import msgspec
+import trio
+
+from dracpu.cgroupfs.inotify import Inotify, open_inotify
+from dracpu.cgroupfs.paths import CgroupPathError
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
+from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.messages import ContainerIntent
+from dracpu.metrics import DriverMetrics
+
+__all__ = ["DriftReport", "DriftWatcher", "find_drift", "is_container_dir"]
+
+log = logging.getLogger(__name__)
+
+# Errors kept in a report for /debug/state; the counts stay exact beyond this.
+_MAX_REPORTED_ERRORS = 20
+
+
+class DriftReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The result of one check, as ``/debug/state`` shows it."""
+
+    checked: int = 0
+    drifted: int = 0
+    repaired: int = 0
+    errors: int = 0
+    unknown_found: int = 0
+    unknown_confined: int = 0
+    missing: int = 0
+    error_messages: tuple[str, ...] = ()
+
+
+def find_drift(
+    intended: Sequence[ContainerIntent], effective: Mapping[str, CPUSet]
+) -> list[ContainerIntent]:
+    """Pure: the intents whose container's effective set (by container id) differs.
+
+    A container absent from ``effective`` (its cgroup is gone) is not drift.
+    """
+    drifted = []
+    for intent in intended:
+        current = effective.get(intent.container_id)
+        if current is not None and current != CPUSet.parse(intent.cpus):
+            drifted.append(intent)
+    return drifted
+
+
+def is_container_dir(parent_name: str, name: str) -> bool:
+    """Pure: does a leaf cgroup look like a container's (not a QoS or pod level)?
+
+    systemd driver: containers are ``.scope`` units (pods are ``.slice``); cgroupfs driver:
+    containers sit directly below a ``pod<uid>`` directory.
+    """
+    if name.endswith(".scope"):
+        return True
+    return parent_name.startswith("pod") and not name.endswith(".slice")
+
+
+class DriftWatcher:
+    """Periodic and event-driven drift checks over the containers dracpu knows about.
+
+    ``intents`` returns every container the state owner knows with its intended cpuset;
+    ``shared_pool`` returns the current shared pool as a cpuset string. Both are called
+    once per check, from the thread the check runs in, so they must only read.
+    """
+
+    def __init__(
+        self,
+        writer: CgroupWriter,
+        intents: Callable[[], Iterable[ContainerIntent]],
+        shared_pool: Callable[[], str],
+        *,
+        interval: float = 10.0,
+        metrics: DriverMetrics | None = None,
+        container_roots: Sequence[str] = ("kubepods", "kubepods.slice"),
+        use_inotify: bool = True,
+        offload: bool = True,
+        settle: float = 0.1,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"drift check interval must be positive, got {interval}")
+        self.writer = writer
+        self._intents = intents
+        self._shared_pool = shared_pool
+        self.interval = interval
+        self.metrics = metrics
+        self.container_roots = tuple(container_roots)
+        self.use_inotify = use_inotify
+        self.offload = offload
+        self.settle = settle
+        self.last_report: DriftReport | None = None
+        self.checks = 0
+        self._scanned_dirs: list[str] = []
+        self._wakeup = trio.Event()
+        self._checking = False
+
+    # -- one check ----------------------------------------------------------------------
+    def check_once(self) -> DriftReport:
+        """Read, compare, repair: one full pass. Never raises for a single bad container."""
+        writer = self.writer
+        errors: list[str] = []
+        intents = list(self._intents())
+        known_dirs: set[str] = set()
+        effective: dict[str, CPUSet] = {}
+        by_id: list[ContainerIntent] = []
+        missing = 0
+        for intent in intents:
+            try:
+                directory = writer.directory_of(intent.cgroups_path)
+                known_dirs.add(directory)
+                CPUSet.parse(intent.cpus)
+                effective[intent.container_id] = CPUSet.parse(writer.read_effective_cpus(directory))
+            except CgroupWriteError as exc:
+                if exc.errno == errno_mod.ENOENT:
+                    missing += 1
+                    writer.forget(intent.cgroups_path)
+                    continue
+                errors.append(f"container {intent.container_id}: {exc}")
+                continue
+            except (CgroupPathError, CPUSetParseError) as exc:
+                errors.append(f"container {intent.container_id}: {exc}")
+                continue
+            by_id.append(intent)
+
+        drifted = find_drift(by_id, effective)
+        repaired = self._repair(drifted, errors)
+
+        unknown = self._find_unknown(known_dirs, errors)
+        confined = self._confine(unknown, errors)
+
+        if drifted:
+            log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(by_id))
+        report = DriftReport(
+            checked=len(by_id),
+            drifted=len(drifted),
+            repaired=repaired,
+            errors=len(errors),
+            unknown_found=len(unknown),
+            unknown_confined=confined,
+            missing=missing,
+            error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
+        )
+        if self.metrics is not None:
+            self.metrics.drifted_containers.set(len(drifted))
+        self.last_report = report
+        self.checks += 1
+        return report
+
+    def _repair(self, intents: Sequence[ContainerIntent], errors: list[str]) -> int:
+        repaired = 0
+        for intent, result in self.writer.write_many(intents):
+            if isinstance(result, Exception):
+                message = f"container {intent.container_id}: repair failed: {result}"
+            elif not result.ok:
+                message = f"container {intent.container_id}: {result.describe_mismatch()}"
+            else:
+                repaired += 1
+                log.info(
+                    "repaired cpuset drift container_id=%s cpus=%s",
+                    intent.container_id,
+                    intent.cpus,
+                )
+                if self.metrics is not None:
+                    self.metrics.count_drift_repair("success")
+                continue
+            errors.append(message)
+            log.warning("%s", message)
+            if self.metrics is not None:
+                self.metrics.count_drift_repair("error")
+        return repaired
+
+    def _find_unknown(self, known_dirs: set[str], errors: list[str]) -> list[ContainerIntent]:
+        """Container leaves nobody intends anything for whose cpus differ from the pool."""
+        pool_text = self._shared_pool()
+        try:
+            pool = CPUSet.parse(pool_text)
+        except CPUSetParseError as exc:
+            errors.append(f"shared pool: {exc}")
+            return []
+        hierarchy = self.writer.layout.hierarchy.rstrip("/")
+        leaves: list[str] = []
+        scanned: list[str] = []
+        for root in self.container_roots:
+            self._walk(f"{hierarchy}/{root}", known_dirs, leaves, scanned)
+        # Known containers' own directories are watched too: that is where drift happens.
+        self._scanned_dirs = scanned + sorted(known_dirs)
+        unknown = []
+        for directory in leaves:
+            try:
+                current = CPUSet.parse(self.writer.read_effective_cpus(directory))
+            except (CgroupWriteError, CPUSetParseError):
+                continue  # removed while walking, or not a cpuset cgroup after all
+            if current == pool:
+                continue
+            if not pool:
+                errors.append(f"{directory}: unknown container not confined: shared pool is empty")
+                continue
+            unknown.append(
+                ContainerIntent(
+                    container_id=posixpath.basename(directory),
+                    cgroups_path=directory[len(hierarchy) :],
+                    cpus=pool_text,
+                )
+            )
+        return unknown
+
+    def _walk(self, top: str, known: set[str], leaves: list[str], scanned: list[str]) -> None:
+        stack = [top]
+        while stack:
+            directory = stack.pop()
+            try:
+                with os.scandir(directory) as it:
+                    subdirs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            scanned.append(directory)
+            if not subdirs:
+                parent, name = posixpath.split(directory)
+                if directory not in known and is_container_dir(posixpath.basename(parent), name):
+                    leaves.append(directory)
+                continue
+            # A known container's directory needs no walk: it is not new.
+            stack.extend(d for d in subdirs if d not in known)
+
+    def _confine(self, unknown: Sequence[ContainerIntent], errors: list[str]) -> int:
+        confined = 0
+        for intent, result in self.writer.write_many(unknown):
+            if isinstance(result, Exception):
+                message = f"unknown container {intent.cgroups_path}: {result}"
+            elif not result.ok:
+                message = f"unknown container {intent.cgroups_path}: {result.describe_mismatch()}"
+            else:
+                confined += 1
+                log.info(
+                    "confined unknown container cgroup=%s cpus=%s", intent.cgroups_path, intent.cpus
+                )
+                if self.metrics is not None:
+                    self.metrics.count_drift_repair("success")
+                continue
+            errors.append(message)
+            log.warning("%s", message)
+            if self.metrics is not None:
+                self.metrics.count_drift_repair("error")
+        return confined
+
+    # -- Trio side ----------------------------------------------------------------------
+    def poke(self) -> None:
+        """Ask for a check now (the NRI session went down, the shared pool changed...)."""
+        self._wakeup.set()
+
+    async def _check(self) -> DriftReport:
+        if self.offload:
+            with trio.CancelScope(shield=True):
+                report = await trio.to_thread.run_sync(self.check_once)
+            return report
+        return self.check_once()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check now, then every ``interval`` seconds or sooner when poked."""
+        notify = open_inotify() if self.use_inotify else None
+        try:
+            async with trio.open_nursery() as nursery:
+                if notify is not None:
+                    nursery.start_soon(self._read_inotify, notify)
+                task_status.started()
+                while True:
+                    self._checking = True
+                    try:
+                        await self._check()
+                        if notify is not None:
+                            self._watch_scanned(notify)
+                            # Our own repairs modified files we watch: not news.
+                            notify.read_events()
+                    finally:
+                        self._checking = False
+                    with trio.move_on_after(self.interval) as timer:
+                        await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    if not timer.cancelled_caught and self.settle > 0:
+                        # Let a burst (mkdir, cpus, mems from one runc) land before looking.
+                        await trio.sleep(self.settle)
+        finally:
+            if notify is not None:
+                notify.close()
+
+    def _watch_scanned(self, notify: Inotify) -> None:
+        was_exhausted = notify.exhausted
+        notify.sync(self._scanned_dirs)
+        if notify.exhausted and not was_exhausted:
+            log.warning(
+                "inotify watches exhausted after %d directories; relying on the %ss timer",
+                notify.watched,
+                self.interval,
+            )
+
+    async def _read_inotify(self, notify: Inotify) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(notify.fd)
+            events = notify.read_events()
+            if events and not self._checking:
+                self.poke()
