@@ -1,0 +1,26 @@
+"""The daemon's root supervisor (ARCHITECTURE.md principle 3): services started in order,
+restarted with backoff when they crash, readiness, and shutdown on SIGTERM/SIGINT."""
+
+from dracpu.nursery.backoff import restart_delay
+from dracpu.nursery.supervisor import (
+    DEFAULT_GRACE_PERIOD,
+    Service,
+    ServiceFailed,
+    ServiceState,
+    ServiceStatus,
+    Supervisor,
+    SupervisorStopping,
+    describe_error,
+)
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "Service",
+    "ServiceFailed",
+    "ServiceState",
+    "ServiceStatus",
+    "Supervisor",
+    "SupervisorStopping",
+    "describe_error",
+    "restart_delay",
+]

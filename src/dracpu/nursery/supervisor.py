@@ -1,0 +1,478 @@
+"""The root supervisor: starts the daemon's services in order, restarts the ones that crash,
+keeps a readiness registry, and shuts everything down on SIGTERM/SIGINT or a fatal error.
+
+Each service runs in a task of its own (a Trio system task) inside its own cancel scope:
+
+- ``await supervisor.start(service)`` returns once the service called
+  ``task_status.started()`` (with that value), so the caller writes the start order as
+  plain sequential code. A service that crashes before it started is restarted with
+  backoff and ``start`` keeps waiting; one that fails for good raises ``ServiceFailed``.
+- A crash after that is logged with the exception and the service alone is restarted
+  after ``restart_delay``; the others never notice.
+- ``stop()`` cancels services in reverse start order and gives each its grace period to
+  finish its cleanup (remove sockets, answer in-flight RPCs, usually in shielded
+  sections). A service still running after that is *abandoned*: it is named in
+  ``abandoned`` and the supervisor stops waiting for it. That is why services are system
+  tasks rather than children of a nursery: a nursery cannot stop waiting for a child. The
+  daemon's entry point then exits with ``os._exit`` instead of waiting at the end of
+  ``trio.run``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import random
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import msgspec
+import trio
+
+from dracpu.gofmt import go_quote
+from dracpu.logs import get_logger
+from dracpu.nursery.backoff import restart_delay
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "Service",
+    "ServiceFailed",
+    "ServiceState",
+    "ServiceStatus",
+    "Supervisor",
+    "SupervisorStopping",
+    "describe_error",
+]
+
+log = get_logger(__name__)
+
+DEFAULT_GRACE_PERIOD: Final = 5.0
+DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+ServiceState = Literal["starting", "running", "backoff", "stopped", "failed"]
+ServiceRun = Callable[..., Awaitable[object]]
+SignalReceiver = Callable[..., AbstractContextManager[AsyncIterator[int]]]
+
+
+class ServiceFailed(Exception):
+    """A service failed for good (no restarts left) before it signalled it had started."""
+
+    def __init__(self, name: str, error: str) -> None:
+        super().__init__(f"service {go_quote(name)} failed to start: {error}")
+        self.name = name
+        self.error = error
+
+
+class SupervisorStopping(RuntimeError):
+    """``start`` was called while the supervisor is shutting down."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Service:
+    """One long-lived part of the daemon and how to keep it alive.
+
+    ``run`` is called as ``await run(task_status=...)``; it calls
+    ``task_status.started(value)`` once it serves. Restarts follow ``restart_delay``:
+    ``backoff_initial * backoff_factor**(n-1)`` capped at ``backoff_cap``, jittered down
+    by up to ``backoff_jitter`` of itself. ``max_restarts`` bounds restarts *in a row*: a
+    run that lasted ``stable_after`` seconds resets the count. A ``critical`` service that
+    fails for good stops the daemon with exit code 1. ``grace_period`` (None: the
+    supervisor's) is how long it may take to stop once cancelled.
+    """
+
+    name: str
+    run: ServiceRun
+    restart: bool = True
+    backoff_initial: float = 0.5
+    backoff_factor: float = 2.0
+    backoff_cap: float = 30.0
+    backoff_jitter: float = 0.2
+    max_restarts: int | None = None
+    stable_after: float = 60.0
+    critical: bool = False
+    grace_period: float | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.name:
+            problems.append("name must not be empty")
+        if not (math.isfinite(self.backoff_initial) and self.backoff_initial >= 0):
+            problems.append(f"backoff_initial must be >= 0, got {self.backoff_initial}")
+        if not (math.isfinite(self.backoff_factor) and self.backoff_factor >= 1):
+            problems.append(f"backoff_factor must be >= 1, got {self.backoff_factor}")
+        if not self.backoff_cap >= self.backoff_initial:
+            problems.append(
+                f"backoff_cap ({self.backoff_cap}) must be >= backoff_initial "
+                f"({self.backoff_initial})"
+            )
+        if not 0 <= self.backoff_jitter <= 1:
+            problems.append(f"backoff_jitter must be within [0, 1], got {self.backoff_jitter}")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            problems.append(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.grace_period is not None and not self.grace_period >= 0:
+            problems.append(f"grace_period must be >= 0, got {self.grace_period}")
+        if problems:
+            raise ValueError(f"service {go_quote(self.name)}: {'; '.join(problems)}")
+
+
+class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Supervisor.status()`` reports for one service (also in ``/debug/state``)."""
+
+    name: str
+    state: ServiceState
+    critical: bool
+    restarts: int
+    last_error: str = ""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` for one exception; the leaves, joined by ``; ``, for a group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(leaf) for leaf in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _has_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(trio.Cancelled) is not None
+    return False
+
+
+@dataclass(eq=False)
+class _Entry:
+    service: Service
+    state: ServiceState = "starting"
+    restarts: int = 0
+    failures_in_row: int = 0
+    last_error: str = ""
+    start_value: object = None
+    start_error: str | None = None
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    first_outcome: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def status(self) -> ServiceStatus:
+        return ServiceStatus(
+            name=self.service.name,
+            state=self.state,
+            critical=self.service.critical,
+            restarts=self.restarts,
+            last_error=self.last_error,
+        )
+
+
+class _TaskStatus:
+    """The ``task_status`` handed to one run of a service."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry = entry
+        self.called = False
+
+    def started(self, value: object = None) -> None:
+        if self.called:
+            raise RuntimeError(f"service {go_quote(self._entry.service.name)} called started twice")
+        self.called = True
+        entry = self._entry
+        entry.state = "running"
+        entry.start_value = value
+        entry.first_outcome.set()
+        log.info("service started", v=2, service=entry.service.name, restarts=entry.restarts)
+
+
+class Supervisor:
+    """The daemon's root: service table, restart policy, readiness and signals.
+
+    ``rand`` (values in ``[0, 1)``) drives the backoff jitter, so tests can seed it; time
+    comes from Trio's clock, so ``MockClock`` drives every delay.
+    """
+
+    def __init__(
+        self,
+        *,
+        rand: Callable[[], float] | None = None,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+    ) -> None:
+        if not grace_period >= 0:
+            raise ValueError(f"grace_period must be >= 0, got {grace_period}")
+        self.grace_period = grace_period
+        self._rand = rand or random.Random().random
+        self._entries: dict[str, _Entry] = {}
+        self._ready: dict[str, bool] = {}
+        self._ready_reasons: dict[str, str] = {}
+        self._stop_requested = trio.Event()
+        self._stopping = False
+        self._hurry = False
+        self._current_wait: trio.CancelScope | None = None
+        self.stop_reason = ""
+        self.fatal_error: str | None = None
+        self.abandoned: list[str] = []
+        self.startup_complete = trio.Event()
+        self.signal_received: int | None = None
+
+    # -- services ------------------------------------------------------------------------
+
+    async def start(self, service: Service) -> Any:
+        """Start ``service`` and wait until it called ``task_status.started(value)``;
+        return that value. Raises ``ServiceFailed`` if it failed for good first."""
+        if self._stopping:
+            raise SupervisorStopping(
+                f"cannot start service {go_quote(service.name)}: the supervisor is stopping"
+            )
+        if service.name in self._entries:
+            raise ValueError(f"service {go_quote(service.name)} is already supervised")
+        entry = _Entry(service)
+        self._entries[service.name] = entry
+        log.info("starting service", v=2, service=service.name)
+        trio.lowlevel.spawn_system_task(
+            self._host,
+            entry,
+            name=f"dracpu.service.{service.name}",
+            context=contextvars.copy_context(),
+        )
+        await entry.first_outcome.wait()
+        if entry.state == "failed" and entry.start_error is not None:
+            raise ServiceFailed(service.name, entry.start_error)
+        return entry.start_value
+
+    def status(self) -> dict[str, ServiceStatus]:
+        """Every service's state, in start order."""
+        return {name: entry.status() for name, entry in self._entries.items()}
+
+    async def _host(self, entry: _Entry) -> None:
+        try:
+            with entry.scope:
+                await self._supervise(entry)
+        except BaseException as exc:
+            if _has_cancelled(exc):
+                raise  # the whole run is ending
+            # Raised while stopping: nothing to restart, but it is worth a line.
+            entry.last_error = describe_error(exc)
+            log.error("service failed while stopping", service=entry.service.name, err=exc)
+        finally:
+            if entry.state != "failed":
+                entry.state = "stopped"
+            entry.first_outcome.set()
+            entry.done.set()
+
+    async def _supervise(self, entry: _Entry) -> None:
+        service = entry.service
+        while True:
+            entry.state = "starting"
+            task_status = _TaskStatus(entry)
+            began = trio.current_time()
+            try:
+                await service.run(task_status=task_status)
+            except BaseException as exc:
+                if _has_cancelled(exc) or entry.scope.cancel_called:
+                    raise
+                if task_status.called and trio.current_time() - began >= service.stable_after:
+                    entry.failures_in_row = 0
+                entry.failures_in_row += 1
+                entry.last_error = describe_error(exc)
+                self._mark_component_down(service.name, entry.last_error)
+                if not self._may_restart(entry):
+                    self._give_up(entry, exc, started=task_status.called)
+                    return
+                delay = restart_delay(
+                    entry.failures_in_row,
+                    initial=service.backoff_initial,
+                    factor=service.backoff_factor,
+                    cap=service.backoff_cap,
+                    jitter=service.backoff_jitter,
+                    rand=self._rand,
+                )
+                log.error(
+                    "service crashed; restarting",
+                    service=service.name,
+                    err=exc,
+                    stack=True,
+                    restartIn=f"{delay:.3f}s",
+                    restarts=entry.restarts,
+                )
+                entry.state = "backoff"
+                await trio.sleep(delay)
+                entry.restarts += 1
+                continue
+            entry.state = "stopped"
+            log.info("service finished", v=2, service=service.name)
+            return
+
+    def _may_restart(self, entry: _Entry) -> bool:
+        service = entry.service
+        if not service.restart:
+            return False
+        return service.max_restarts is None or entry.failures_in_row <= service.max_restarts
+
+    def _give_up(self, entry: _Entry, exc: BaseException, *, started: bool) -> None:
+        service = entry.service
+        entry.state = "failed"
+        if not started:
+            entry.start_error = entry.last_error
+        if service.restart:
+            error = (
+                f"service {go_quote(service.name)} failed {entry.failures_in_row} times in a "
+                f"row: {entry.last_error}"
+            )
+        else:
+            error = f"service {go_quote(service.name)} failed: {entry.last_error}"
+        log.error("service failed; not restarting", service=service.name, err=exc, stack=True)
+        if service.critical:
+            self.fail(error)
+
+    # -- readiness -----------------------------------------------------------------------
+
+    def require_ready(self, *names: str, reason: str = "not ready yet") -> None:
+        """Declare components that must report ready before ``ready`` is true."""
+        for name in names:
+            if name not in self._ready:
+                self._ready[name] = False
+                self._ready_reasons[name] = reason
+
+    def set_ready(self, name: str, ready: bool, reason: str = "") -> None:
+        """Record a component's readiness (declaring it if new); ``reason`` says why it is
+        not ready and is shown by ``/readyz``."""
+        if ready != self._ready.get(name):
+            log.info("readiness changed", v=2, component=name, ready=ready, reason=reason)
+        self._ready[name] = ready
+        self._ready_reasons[name] = "" if ready else (reason or "not ready")
+
+    def readiness(self) -> dict[str, bool]:
+        return dict(self._ready)
+
+    def readiness_reasons(self) -> dict[str, str]:
+        """Why each not-ready component is not ready (empty string when it is)."""
+        return dict(self._ready_reasons)
+
+    @property
+    def ready(self) -> bool:
+        """All declared components are ready (and none is, vacuously, when none exist)."""
+        return all(self._ready.values())
+
+    def _mark_component_down(self, name: str, error: str) -> None:
+        # A crashed service's own component (same name), if it has one, is not ready
+        # until the restarted service says so again.
+        if name in self._ready:
+            self.set_ready(name, False, f"restarting after crash: {error}")
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Ask ``run_until_signal`` to shut everything down (exit code 0 unless ``fail``)."""
+        if not self._stop_requested.is_set():
+            self.stop_reason = reason
+            self._stop_requested.set()
+
+    def fail(self, error: str) -> None:
+        """A fatal error: shut everything down; ``run_until_signal`` returns 1."""
+        if self.fatal_error is None:
+            self.fatal_error = error
+            log.error("fatal error; stopping", err=error)
+        self.request_stop(error)
+
+    async def stop(self) -> None:
+        """Cancel every service, last started first, each given its grace period. Run it
+        shielded if the caller may be cancelled. Safe to call again."""
+        self._stopping = True
+        for entry in reversed(list(self._entries.values())):
+            name = entry.service.name
+            if entry.done.is_set() or name in self.abandoned:
+                continue
+            entry.scope.cancel()
+            grace = entry.service.grace_period
+            grace = self.grace_period if grace is None else grace
+            with trio.move_on_after(0 if self._hurry else grace) as waited:
+                self._current_wait = waited
+                await entry.done.wait()
+            self._current_wait = None
+            if not entry.done.is_set():
+                self.abandoned.append(name)
+                entry.state = "failed"
+                entry.last_error = f"did not stop within {grace:g}s; abandoned"
+                log.error("service did not stop; abandoning it", service=name, grace=grace)
+            else:
+                log.info("service stopped", v=2, service=name)
+
+    def _hurry_stop(self) -> None:
+        self._hurry = True
+        if self._current_wait is not None:
+            self._current_wait.cancel()
+
+    # -- the daemon's main loop ----------------------------------------------------------
+
+    async def run_until_signal(
+        self,
+        startup: Callable[[Supervisor], Awaitable[object]],
+        *,
+        signals: tuple[int, ...] = DEFAULT_SIGNALS,
+        signal_receiver: SignalReceiver = trio.open_signal_receiver,
+    ) -> int:
+        """Run ``startup(self)`` (which ``start``s the services in order), then serve until
+        a signal (exit code 0), a fatal error (1) or ``request_stop``; then ``stop``.
+
+        A second signal while stopping stops waiting for the remaining services.
+        ``signal_receiver`` is ``trio.open_signal_receiver`` or a test double with its
+        shape.
+        """
+        startup_scope = trio.CancelScope()
+        try:
+            with signal_receiver(*signals) as received:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_signals, received)
+                    nursery.start_soon(self._run_startup, startup, startup_scope)
+                    await self._stop_requested.wait()
+                    startup_scope.cancel()
+                    await self.stop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.stop()
+        if self.fatal_error is not None:
+            log.error("failed to run", err=self.fatal_error)
+            return 1
+        return 0
+
+    async def _run_startup(
+        self, startup: Callable[[Supervisor], Awaitable[object]], scope: trio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                await startup(self)
+        except BaseException as exc:
+            if isinstance(exc, BaseExceptionGroup):
+                rest = exc.split(trio.Cancelled)[1]
+                if rest is None:
+                    raise
+                exc = rest
+            elif isinstance(exc, trio.Cancelled):
+                raise
+            if not isinstance(exc, Exception | BaseExceptionGroup):
+                raise
+            self.fail(describe_error(exc))
+            return
+        if not scope.cancelled_caught:
+            self.startup_complete.set()
+            log.info("all services started", services=len(self._entries))
+
+    async def _watch_signals(self, received: AsyncIterator[int]) -> None:
+        async for signum in received:
+            name = _signal_name(signum)
+            if self.signal_received is None:
+                self.signal_received = signum
+                log.info("exiting", reason="received signal", signal=name)
+                self.request_stop(f"received signal {name}")
+            else:
+                log.warning("second signal while stopping; not waiting any longer", signal=name)
+                self._hurry_stop()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
