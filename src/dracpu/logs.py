@@ -340,6 +340,8 @@ def setup_logging(
             root.removeHandler(old)
             old.close()
     root.addHandler(handler)
+    for v in range(1, MAX_VERBOSITY + 1):
+        logging.addLevelName(klog_level_for(v), f"V{v}")  # for any other handler's output
     if verbosity >= MAX_VERBOSITY:
         root.setLevel(logging.DEBUG)
     else:
