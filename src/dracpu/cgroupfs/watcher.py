@@ -130,7 +130,7 @@ class DriftWatcher:
                 directory = writer.directory_of(intent.cgroups_path)
                 known_dirs.add(directory)
                 CPUSet.parse(intent.cpus)
-                effective[intent.container_id] = CPUSet.parse(writer.read_effective_cpus(directory))
+                effective[intent.container_id] = writer.read_effective_cpus(directory)
             except CgroupWriteError as exc:
                 if exc.errno == errno_mod.ENOENT:
                     missing += 1
@@ -208,7 +208,7 @@ class DriftWatcher:
         unknown = []
         for directory in leaves:
             try:
-                current = CPUSet.parse(self.writer.read_effective_cpus(directory))
+                current = self.writer.read_effective_cpus(directory)
             except (CgroupWriteError, CPUSetParseError):
                 continue  # removed while walking, or not a cpuset cgroup after all
             if current == pool:

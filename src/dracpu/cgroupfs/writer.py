@@ -236,20 +236,24 @@ class CgroupWriter:
     def forget(self, cgroups_path: str) -> None:
         self._paths.pop(cgroups_path, None)
 
-    def _read_effective(self, directory: str, effective_file: str, fallback: str) -> str:
+    def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then
         # the best available answer. On a real kernel the effective file always exists.
+        path = f"{directory}/{effective_file}"
         try:
-            return read_cgroup_file(f"{directory}/{effective_file}")
+            text = read_cgroup_file(path)
         except CgroupWriteError as exc:
             if exc.errno != errno_mod.ENOENT:
                 raise
-        return read_cgroup_file(f"{directory}/{fallback}")
+            path = f"{directory}/{fallback}"
+            text = read_cgroup_file(path)
+        return _parse_set(path, text)
 
-    def read_effective_cpus(self, directory: str) -> str:
+    def read_effective_cpus(self, directory: str) -> CPUSet:
+        """The CPUs the kernel enforces for a cgroup; errors name the file read."""
         return self._read_effective(directory, self.layout.effective_cpus_file, CPUS_FILE)
 
-    def read_effective_mems(self, directory: str) -> str:
+    def read_effective_mems(self, directory: str) -> CPUSet:
         return self._read_effective(directory, self.layout.effective_mems_file, MEMS_FILE)
 
     def _read_optional(self, path: str) -> CPUSet | None:
@@ -312,13 +316,9 @@ class CgroupWriter:
             container_id=intent.container_id,
             directory=directory,
             cpus=str(cpus),
-            effective_cpus=str(_parse_set(directory, self.read_effective_cpus(directory))),
+            effective_cpus=str(self.read_effective_cpus(directory)),
             mems=str(mems) if mems is not None else "",
-            effective_mems=(
-                str(_parse_set(directory, self.read_effective_mems(directory)))
-                if mems is not None
-                else ""
-            ),
+            effective_mems=(str(self.read_effective_mems(directory)) if mems is not None else ""),
             writes=tuple(writes),
         )
 

@@ -1,0 +1,309 @@
+"""The drift watcher on fake trees: compare, repair, confine unknowns, timers and inotify."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
+from prometheus_client import CollectorRegistry
+
+from dracpu.cgroupfs.inotify import IN_CREATE, IN_MODIFY, decode_events, open_inotify
+from dracpu.cgroupfs.watcher import DriftReport, DriftWatcher, find_drift, is_container_dir
+from dracpu.cgroupfs.writer import CgroupWriter
+from dracpu.cpuset import CPUSet
+from dracpu.messages import ContainerIntent
+from dracpu.metrics import DriverMetrics
+
+
+class Tree:
+    """A v1 cgroupfs-driver tree with containers c0..c{n-1}, each in its own pod."""
+
+    def __init__(self, tmp: Path, n: int = 3, cpus: str = "0-1") -> None:
+        self.root = v1_root(tmp)
+        self.h = self.root / "cpuset"
+        make_cgroup(self.h, "kubepods")
+        self.intents = [intent(f"c{i}", pod=f"u{i}", cpus=cpus) for i in range(n)]
+        for it in self.intents:
+            make_cgroup(self.h, it.cgroups_path, cpus=cpus)
+        self.pool = "2-7"
+        self.registry = CollectorRegistry()
+        self.metrics = DriverMetrics(self.registry)
+
+    def leaf(self, i: int) -> Path:
+        return self.h / self.intents[i].cgroups_path.lstrip("/")
+
+    def watcher(self, **kwargs: object) -> DriftWatcher:
+        return DriftWatcher(
+            CgroupWriter(str(self.root)),
+            lambda: self.intents,
+            lambda: self.pool,
+            metrics=self.metrics,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        assert value is not None
+        return value
+
+
+# -- pure parts ---------------------------------------------------------------------------
+def test_find_drift_compares_sets_not_strings() -> None:
+    a = intent("a", cpus="0,1")
+    b = intent("b", cpus="2")
+    gone = intent("gone", cpus="3")
+    eff = {"a": CPUSet.parse("0-1"), "b": CPUSet.parse("2-3")}
+    assert find_drift([a, b, gone], eff) == [b]
+
+
+@pytest.mark.parametrize(
+    ("parent", "name", "expected"),
+    [
+        ("poduid", "abcd", True),
+        ("kubepods-burstable-podx.slice", "cri-containerd-abcd.scope", True),
+        ("kubepods", "poduid", False),
+        ("kubepods", "besteffort", False),
+        ("kubepods-burstable.slice", "kubepods-burstable-podx.slice", False),
+        ("poduid", "nested.slice", False),
+    ],
+)
+def test_is_container_dir(parent: str, name: str, expected: bool) -> None:
+    assert is_container_dir(parent, name) is expected
+
+
+def test_decode_inotify_events() -> None:
+    buf = struct.pack("iIII", 1, IN_MODIFY, 0, 16) + b"cpuset.cpus\0\0\0\0\0"
+    buf += struct.pack("iIII", 2, IN_CREATE, 0, 0)
+    events = decode_events(buf)
+    assert [(e.wd, e.mask, e.name) for e in events] == [
+        (1, IN_MODIFY, "cpuset.cpus"),
+        (2, IN_CREATE, ""),
+    ]
+
+
+def test_interval_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="drift check interval must be positive, got 0"):
+        Tree(tmp_path).watcher(interval=0)
+
+
+# -- check_once ---------------------------------------------------------------------------
+def test_clean_tree_has_no_drift(tmp_path: Path) -> None:
+    tree = Tree(tmp_path)
+    w = tree.watcher()
+    report = w.check_once()
+    assert report == DriftReport(checked=3)
+    assert w.last_report is report
+    assert tree.sample("dracpu_cgroup_drifted_containers") == 0
+
+
+def test_drift_is_repaired_and_counted(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=4)
+    (tree.leaf(1) / "cpuset.cpus").write_text("0-7\n")
+    (tree.leaf(3) / "cpuset.cpus").write_text("5\n")
+    w = tree.watcher()
+    report = w.check_once()
+    assert (report.checked, report.drifted, report.repaired, report.errors) == (4, 2, 2, 0)
+    assert read(tree.leaf(1) / "cpuset.cpus") == "0-1"
+    assert read(tree.leaf(3) / "cpuset.cpus") == "0-1"
+    assert tree.sample("dracpu_cgroup_drifted_containers") == 2
+    assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 2
+    again = w.check_once()
+    assert (again.drifted, again.repaired) == (0, 0)
+    assert tree.sample("dracpu_cgroup_drifted_containers") == 0
+
+
+def test_intent_change_is_applied_as_drift(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    w = tree.watcher()
+    tree.intents[0] = intent("c0", pod="u0", cpus="6-7")
+    report = w.check_once()
+    assert (report.drifted, report.repaired) == (1, 1)
+    assert read(tree.leaf(0) / "cpuset.cpus") == "6-7"
+
+
+def test_vanished_container_is_missing_not_an_error(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    for f in tree.leaf(1).iterdir():
+        f.unlink()
+    tree.leaf(1).rmdir()
+    report = tree.watcher().check_once()
+    assert (report.checked, report.missing, report.errors) == (1, 1, 0)
+
+
+def test_failed_repair_is_an_error_and_others_continue(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=3)
+    (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+    (tree.leaf(1) / "cpuset.effective_cpus").write_text("0-7\n")  # stuck effective set
+    (tree.leaf(2) / "cpuset.cpus").write_text("7\n")
+    report = tree.watcher().check_once()
+    assert (report.drifted, report.repaired, report.errors) == (3, 2, 1)
+    assert report.error_messages == (
+        f"container c1: {tree.leaf(1)}: effective cpus '0-7' differ from intended '0-1'",
+    )
+    assert tree.sample("dracpu_cgroup_drift_repairs_total", result="error") == 1
+
+
+def test_unparsable_state_is_reported(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    (tree.leaf(0) / "cpuset.cpus").write_text("zz\n")
+    tree.intents.append(ContainerIntent(container_id="x", cgroups_path="/../up", cpus="1"))
+    report = tree.watcher().check_once()
+    assert report.errors == 2
+    assert report.error_messages[0].startswith(
+        f"container c0: {tree.leaf(0)}/cpuset.cpus: EINVAL (unparsable content"
+    )
+    assert report.error_messages[1] == (
+        "container x: cgroups path '/../up' escapes the cgroup root through '..'"
+    )
+
+
+# -- unknown containers -------------------------------------------------------------------
+def test_unknown_containers_are_confined_to_the_shared_pool(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    new_cgroupfs = make_cgroup(tree.h, "kubepods/burstable/podnew/n1", cpus="0-7")
+    on_pool = make_cgroup(tree.h, "kubepods/burstable/podnew/n2", cpus="2-7")
+    systemd = make_cgroup(
+        tree.h, "kubepods.slice/kubepods-podq.slice/cri-containerd-q1.scope", cpus="0-7"
+    )
+    empty_pod = make_cgroup(tree.h, "kubepods/besteffort/podempty", cpus="0-7")
+    qos = make_cgroup(tree.h, "kubepods/guaranteed", cpus="0-7")
+    w = tree.watcher()
+    report = w.check_once()
+    assert (report.checked, report.drifted) == (2, 0)
+    assert (report.unknown_found, report.unknown_confined) == (2, 2)
+    assert read(new_cgroupfs / "cpuset.cpus") == "2-7"
+    assert read(systemd / "cpuset.cpus") == "2-7"
+    assert read(on_pool / "cpuset.cpus") == "2-7"
+    assert read(empty_pod / "cpuset.cpus") == "0-7"  # a pod level, not a container
+    assert read(qos / "cpuset.cpus") == "0-7"
+    for i in range(2):
+        assert read(tree.leaf(i) / "cpuset.cpus") == "0-1"  # known: left to their intent
+    assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 2
+    assert w.check_once().unknown_found == 0
+
+
+def test_unknown_follow_the_pool_when_it_changes(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1)
+    new = make_cgroup(tree.h, "kubepods/podnew/n1", cpus="0-7")
+    w = tree.watcher()
+    w.check_once()
+    tree.pool = "4-7"
+    assert w.check_once().unknown_confined == 1
+    assert read(new / "cpuset.cpus") == "4-7"
+
+
+def test_empty_pool_confines_nothing_and_says_why(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1)
+    tree.pool = ""
+    new = make_cgroup(tree.h, "kubepods/podnew/n1", cpus="0-7")
+    report = tree.watcher().check_once()
+    assert report.unknown_confined == 0
+    assert report.error_messages == (
+        f"{new}: unknown container not confined: shared pool is empty",
+    )
+
+
+def test_v2_systemd_tree(tmp_path: Path) -> None:
+    root = v2_root(tmp_path / "cg")
+    rel = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podz.slice"
+    known = make_cgroup(root, f"{rel}/crio-k1.scope", cpus="0-7", mems=None)
+    unknown = make_cgroup(root, f"{rel}/crio-u1.scope", cpus="", mems=None)
+    target = ContainerIntent(
+        container_id="k1", cgroups_path="kubepods-besteffort-podz.slice:crio:k1", cpus="0-3"
+    )
+    w = DriftWatcher(CgroupWriter(str(root)), lambda: [target], lambda: "4-7")
+    report = w.check_once()
+    assert (report.drifted, report.repaired, report.unknown_confined) == (1, 1, 1)
+    assert read(known / "cpuset.cpus") == "0-3"
+    assert read(unknown / "cpuset.cpus") == "4-7"
+
+
+def test_report_is_encodable_for_debug_state(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1)
+    w = tree.watcher()
+    w.check_once()
+    doc = msgspec.json.decode(msgspec.json.encode(w.last_report))
+    assert doc["checked"] == 1
+    assert doc["unknown_confined"] == 0
+
+
+# -- the Trio loop ------------------------------------------------------------------------
+async def test_checks_every_interval_under_mock_clock(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    tree = Tree(tmp_path, n=2)
+    w = tree.watcher(interval=10.0, offload=False, use_inotify=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        assert w.checks == 1  # a check right at start
+        await trio.sleep(5)
+        (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+        await trio.sleep(4.5)
+        assert w.checks == 1
+        assert read(tree.leaf(0) / "cpuset.cpus") == "7"
+        await trio.sleep(1)  # t = 10.5
+        assert w.checks == 2
+        assert read(tree.leaf(0) / "cpuset.cpus") == "0-1"
+        assert w.last_report is not None and w.last_report.repaired == 1
+        await trio.sleep(20)  # t = 30.5
+        assert w.checks == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_poke_checks_sooner(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    tree = Tree(tmp_path, n=1)
+    w = tree.watcher(interval=10.0, offload=False, use_inotify=False, settle=0.5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await trio.sleep(2)
+        w.poke()
+        await trio.sleep(0.4)
+        assert w.checks == 1  # still settling
+        await trio.sleep(0.2)
+        assert w.checks == 2
+        # The interval restarts from the poked check: next at 2.5 + 10.
+        await trio.sleep(9.8)
+        assert w.checks == 2
+        await trio.sleep(0.2)
+        assert w.checks == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_inotify_wakes_the_watcher(tmp_path: Path) -> None:
+    # Real clock: the wake-up comes from the kernel, not from a timer.
+    if open_inotify() is None:
+        pytest.skip("no inotify on this platform")
+    tree = Tree(tmp_path, n=2)
+    w = tree.watcher(interval=3600.0, offload=True, use_inotify=True, settle=0.01)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        while w.checks < 1:
+            await trio.sleep(0.01)
+        (tree.leaf(1) / "cpuset.cpus").write_text("7\n")
+        with trio.fail_after(10):
+            while read(tree.leaf(1) / "cpuset.cpus") != "0-1":
+                await trio.sleep(0.01)
+        # A new container cgroup (a directory created in a watched pod) wakes it too.
+        with trio.fail_after(10):
+            new = make_cgroup(tree.h, "kubepods/podu0/fresh", cpus="0-7")
+            while read(new / "cpuset.cpus") != "2-7":
+                await trio.sleep(0.01)
+        assert w.checks >= 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_offloaded_check_runs_in_a_thread(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+    w = tree.watcher(offload=True, use_inotify=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        while w.checks < 1:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert w.last_report is not None and w.last_report.repaired == 1

@@ -1,0 +1,385 @@
+"""The raw cpuset writer on fake v1 and v2 trees, and the fallback loop."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
+from prometheus_client import CollectorRegistry
+
+from dracpu.cgroupfs.paths import CgroupPathError
+from dracpu.cgroupfs.writer import (
+    CgroupIntentError,
+    CgroupWriteError,
+    CgroupWriter,
+    CpusetWrite,
+    plan_cpuset_writes,
+)
+from dracpu.cpuset import CPUSet
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed, FallbackResult
+from dracpu.metrics import DriverMetrics
+
+
+def cs(text: str) -> CPUSet:
+    return CPUSet.parse(text)
+
+
+# -- the pure plan ------------------------------------------------------------------------
+def test_plan_widens_parents_top_down_then_leaf() -> None:
+    plan = plan_cpuset_writes(
+        "/h/a/b/c",
+        "cpuset.cpus",
+        cs("4-5"),
+        [("/h/a", cs("0-3")), ("/h/a/b", cs("0-1"))],
+        limit=cs("0-7"),
+        nested=True,
+    )
+    assert plan == [
+        CpusetWrite("/h/a", "cpuset.cpus", "0-5"),
+        CpusetWrite("/h/a/b", "cpuset.cpus", "0-1,4-5"),
+        CpusetWrite("/h/a/b/c", "cpuset.cpus", "4-5"),
+    ]
+
+
+def test_plan_narrowing_touches_only_the_leaf() -> None:
+    plan = plan_cpuset_writes(
+        "/h/a/c", "cpuset.cpus", cs("2"), [("/h/a", cs("0-7"))], limit=cs("0-7"), nested=True
+    )
+    assert plan == [CpusetWrite("/h/a/c", "cpuset.cpus", "2")]
+
+
+def test_plan_skips_ancestors_without_the_file_and_v2_inheritors() -> None:
+    ancestors: list[tuple[str, CPUSet | None]] = [("/h/a", None), ("/h/a/b", CPUSet())]
+    v1 = plan_cpuset_writes("/h/a/b/c", "cpuset.cpus", cs("1"), ancestors, limit=None, nested=True)
+    assert [w.directory for w in v1] == ["/h/a/b", "/h/a/b/c"]  # v1: empty means no CPUs
+    v2 = plan_cpuset_writes("/h/a/b/c", "cpuset.cpus", cs("1"), ancestors, limit=None, nested=False)
+    assert [w.directory for w in v2] == ["/h/a/b/c"]  # v2: empty means inherit
+
+
+def test_plan_refuses_cpus_outside_the_root() -> None:
+    with pytest.raises(CgroupWriteError) as info:
+        plan_cpuset_writes("/h/c", "cpuset.cpus", cs("6-9"), [], limit=cs("0-7"), nested=True)
+    assert info.value.errno == errno.EINVAL
+    assert str(info.value) == "/h/c/cpuset.cpus: EINVAL (6-9 is not within the cgroup root's 0-7)"
+
+
+# -- v1 fake trees ------------------------------------------------------------------------
+def test_v1_cgroupfs_write_and_readback(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-7", mems="0-1")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="2,3"))
+    assert read(leaf / "cpuset.cpus") == "2-3"
+    assert read(leaf / "cpuset.mems") == "0-1"  # no mems asked for: untouched
+    assert outcome.ok
+    assert (outcome.cpus, outcome.effective_cpus, outcome.directory) == ("2-3", "2-3", str(leaf))
+    assert outcome.widened == ()
+
+
+def test_v1_writes_mems_when_asked(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-7", mems="0-1")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="4-5", mems="1"))
+    assert (read(leaf / "cpuset.cpus"), read(leaf / "cpuset.mems")) == ("4-5", "1")
+    assert outcome.ok
+    assert [w.file for w in outcome.writes] == ["cpuset.mems", "cpuset.cpus"]
+
+
+def test_v1_widens_parents_before_the_child(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    make_cgroup(h, "kubepods", cpus="0-3")
+    make_cgroup(h, "kubepods/podp1", cpus="0-1")
+    sibling = make_cgroup(h, "kubepods/podp1/c0", cpus="0-1")
+    leaf = make_cgroup(h, "kubepods/podp1/c1", cpus="0-1")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="5-6"))
+    assert [(w.directory, w.value) for w in outcome.writes] == [
+        (str(h / "kubepods"), "0-3,5-6"),
+        (str(h / "kubepods/podp1"), "0-1,5-6"),
+        (str(leaf), "5-6"),
+    ]
+    assert outcome.widened == (str(h / "kubepods"), str(h / "kubepods/podp1"))
+    assert read(h / "kubepods/podp1/cpuset.cpus") == "0-1,5-6"
+    assert read(sibling / "cpuset.cpus") == "0-1"
+
+
+def test_v1_narrowing_never_narrows_a_parent(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    make_cgroup(h, "kubepods/podp1", cpus="0-7")
+    sibling = make_cgroup(h, "kubepods/podp1/c0", cpus="4-7")
+    leaf = make_cgroup(h, "kubepods/podp1/c1", cpus="0-7")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="1"))
+    assert [w.path for w in outcome.writes] == [f"{leaf}/cpuset.cpus"]
+    assert read(h / "kubepods/podp1/cpuset.cpus") == "0-7"
+    assert read(sibling / "cpuset.cpus") == "4-7"
+
+
+def test_v1_readback_mismatch_is_reported(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    # Something (a kernel restriction, here a stale file) keeps the effective set apart.
+    (leaf / "cpuset.effective_cpus").write_text("0-7\n")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="2"))
+    assert not outcome.ok
+    assert outcome.cpus_mismatch
+    assert outcome.describe_mismatch() == (f"{leaf}: effective cpus '0-7' differ from intended '2'")
+
+
+def test_v1_mems_mismatch_is_reported(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    (leaf / "cpuset.effective_mems").write_text("0\n")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="2", mems="1"))
+    assert not outcome.ok
+    assert "effective mems '0' differ from intended '1'" in outcome.describe_mismatch()
+
+
+def test_v1_systemd_driver_tree(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    rel = (
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podab_cd.slice/"
+        "cri-containerd-c1.scope"
+    )
+    leaf = make_cgroup(root / "cpuset", rel)
+    target = ContainerIntent(
+        container_id="c1",
+        cgroups_path="kubepods-burstable-podab_cd.slice:cri-containerd:c1",
+        cpus="6-7",
+    )
+    assert CgroupWriter(str(root)).write(target).ok
+    assert read(leaf / "cpuset.cpus") == "6-7"
+
+
+# -- v2 fake trees ------------------------------------------------------------------------
+def test_v2_reads_cpus_effective(tmp_path: Path) -> None:
+    root = v2_root(tmp_path / "cg")
+    leaf = make_cgroup(root, "kubepods/podp1/c1", cpus="", mems=None)
+    (leaf / "cpuset.cpus.effective").write_text("0-7\n")
+    outcome = CgroupWriter(str(root)).write(intent("c1", cpus="3"))
+    assert read(leaf / "cpuset.cpus") == "3"
+    # A fake tree has no kernel to recompute the effective file: the mismatch shows.
+    assert outcome.effective_cpus == "0-7"
+    assert not outcome.ok
+
+
+def test_v2_widens_only_explicit_parents(tmp_path: Path) -> None:
+    root = v2_root(tmp_path / "cg")
+    make_cgroup(root, "kubepods.slice", cpus="", mems=None)
+    make_cgroup(root, "kubepods.slice/kubepods-podx.slice", cpus="0-1", mems=None)
+    leaf = make_cgroup(root, "kubepods.slice/kubepods-podx.slice/crio-c1.scope", mems=None)
+    outcome = CgroupWriter(str(root)).write(
+        ContainerIntent(container_id="c1", cgroups_path="kubepods-podx.slice:crio:c1", cpus="4")
+    )
+    assert outcome.widened == (str(root / "kubepods.slice/kubepods-podx.slice"),)
+    assert read(root / "kubepods.slice/cpuset.cpus") == ""
+    assert read(root / "kubepods.slice/kubepods-podx.slice/cpuset.cpus") == "0-1,4"
+    assert read(leaf / "cpuset.cpus") == "4"
+    assert outcome.ok
+
+
+# -- errors -------------------------------------------------------------------------------
+def test_missing_container_dir_names_it(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    with pytest.raises(CgroupWriteError) as info:
+        CgroupWriter(str(root)).write(intent("gone"))
+    assert info.value.errno == errno.ENOENT
+    assert info.value.path == f"{root}/cpuset/kubepods/podp1/gone"
+    assert (
+        str(info.value) == f"{root}/cpuset/kubepods/podp1/gone: ENOENT (no such cgroup directory)"
+    )
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus=None, mems=None)
+    with pytest.raises(CgroupWriteError) as info:
+        CgroupWriter(str(root)).write(intent("c1"))
+    assert info.value.errno == errno.ENOENT
+    assert str(info.value) == f"{leaf}/cpuset.cpus: ENOENT (No such file or directory)"
+
+
+def test_file_that_is_a_directory(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus=None)
+    (leaf / "cpuset.cpus").mkdir()
+    with pytest.raises(CgroupWriteError, match=r"c1/cpuset.cpus: EISDIR \(Is a directory\)"):
+        CgroupWriter(str(root)).write(intent("c1"))
+
+
+def test_planted_symlink_file_is_not_followed(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus=None)
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    os.symlink(victim, leaf / "cpuset.cpus")
+    with pytest.raises(CgroupWriteError, match=r"c1/cpuset.cpus: ELOOP"):
+        CgroupWriter(str(root)).write(intent("c1"))
+    assert read(victim) == "keep"
+
+
+def _write_as_nobody(root: Path) -> str:
+    """Run one write in a forked child without root's file-mode override; its error text."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 0
+        try:
+            os.close(read_fd)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                CgroupWriter(str(root)).write(intent("c1", cpus="1"))
+                text = "no error"
+            except CgroupWriteError as exc:
+                text = f"{exc.errno} {exc}"
+            os.write(write_fd, text.encode())
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        text = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return text
+
+
+def test_read_only_file_names_it_and_the_errno() -> None:
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="dracpu-ro-"))
+    try:
+        root = v1_root(base / "cg")
+        leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+        for d in (base, root, root / "cpuset", leaf.parent.parent, leaf.parent, leaf):
+            os.chmod(d, 0o755)
+        for f in [*leaf.iterdir(), root / "cpuset" / "cpuset.cpus"]:
+            os.chmod(f, 0o444)
+        text = _write_as_nobody(root)
+        assert text == f"{errno.EACCES} {leaf}/cpuset.cpus: EACCES (Permission denied)"
+        assert read(leaf / "cpuset.cpus") == "0-7"
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "mems", "message"),
+    [
+        ("1-", "", r"container 'c1': invalid cpus: invalid cpuset '1-'"),
+        ("", "", r"container 'c1': refusing to write an empty cpus set"),
+        ("1", "x", r"container 'c1': invalid mems: invalid cpuset 'x'"),
+    ],
+)
+def test_bad_intents(tmp_path: Path, cpus: str, mems: str, message: str) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    with pytest.raises(CgroupIntentError, match=message):
+        CgroupWriter(str(root)).write(intent("c1", cpus=cpus, mems=mems))
+    assert read(leaf / "cpuset.cpus") == "0-7"
+
+
+def test_escaping_intent_refused(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    bad = ContainerIntent(container_id="c1", cgroups_path="/kubepods/../../etc", cpus="1")
+    with pytest.raises(CgroupPathError, match="escapes the cgroup root"):
+        CgroupWriter(str(root)).write(bad)
+
+
+def test_write_many_keeps_going_past_failures(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    make_cgroup(h, "kubepods/podp1", cpus="0-1")
+    make_cgroup(h, "kubepods/podp1/c1", cpus="0-1")
+    make_cgroup(h, "kubepods/podp1/c3", cpus="0-1")
+    results = CgroupWriter(str(root)).write_many(
+        [intent("c1", cpus="2"), intent("c2", cpus="3"), intent("c3", cpus="4")]
+    )
+    assert [type(r).__name__ for _, r in results] == [
+        "WriteOutcome",
+        "CgroupWriteError",
+        "WriteOutcome",
+    ]
+    # The shared parent was widened twice through the batch cache, keeping both CPUs.
+    assert read(h / "kubepods/podp1/cpuset.cpus") == "0-2,4"
+
+
+# -- Trio side ----------------------------------------------------------------------------
+async def test_write_async_is_not_torn_by_cancellation(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    writer = CgroupWriter(str(root))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        outcome = await writer.write_async(intent("c1", cpus="5"))
+    assert outcome.ok
+    assert read(leaf / "cpuset.cpus") == "5"
+
+
+def _counter(registry: CollectorRegistry, result: str) -> float:
+    value = registry.get_sample_value("dracpu_cgroup_fallback_writes_total", {"result": result})
+    assert value is not None
+    return value
+
+
+async def test_run_fallback_writes_counts_and_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dracpu.cgroupfs.writer")
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    registry = CollectorRegistry()
+    writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
+    failed_send, failed_recv = trio.open_memory_channel[CpusetUpdateFailed](10)
+    result_send, result_recv = trio.open_memory_channel[FallbackResult](10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run_fallback, failed_recv, result_send)
+        async with failed_send:
+            await failed_send.send(
+                CpusetUpdateFailed(intent=intent("c1", cpus="6-7"), reason="NRI session down")
+            )
+            await failed_send.send(
+                CpusetUpdateFailed(intent=intent("gone", cpus="1"), reason="timed out")
+            )
+            bad = ContainerIntent(container_id="evil", cgroups_path="/../x", cpus="1")
+            await failed_send.send(CpusetUpdateFailed(intent=bad, reason="listed as failed"))
+        results = [await result_recv.receive() for _ in range(3)]
+    assert read(leaf / "cpuset.cpus") == "6-7"
+    assert results[0] == FallbackResult(container_id="c1", cpus="6-7", ok=True)
+    assert results[1].ok is False
+    assert results[1].error.endswith("podp1/gone: ENOENT (no such cgroup directory)")
+    assert results[2] == FallbackResult(
+        container_id="evil",
+        cpus="1",
+        ok=False,
+        error="cgroups path '/../x' escapes the cgroup root through '..'",
+    )
+    assert _counter(registry, "success") == 1
+    assert _counter(registry, "error") == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert "fallback cpuset write container_id=c1 cpus=6-7 reason=NRI session down" in messages
+    assert any(
+        m.startswith("fallback cpuset write failed container_id=gone cpus=1 reason=timed out")
+        for m in messages
+    )
+
+
+async def test_run_fallback_reports_mismatch_as_failure(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    (leaf / "cpuset.effective_cpus").write_text("0-7\n")
+    registry = CollectorRegistry()
+    writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
+    result = await writer.apply_fallback(
+        CpusetUpdateFailed(intent=intent("c1", cpus="3"), reason="x")
+    )
+    assert result.ok is False
+    assert result.error == f"{leaf}: effective cpus '0-7' differ from intended '3'"
+    assert _counter(registry, "error") == 1
