@@ -1,0 +1,300 @@
+"""dracpu's NRI session and plugin against the runtime simulator over a real unix socket
+(behavior.md §13, protocols.md 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from nri_sim_node import reconnects, sim_node
+
+from dracpu.nri.plugin import EMPTY_SHARED_POOL
+from dracpu.sim.runtime import ContainerCreateError
+
+
+async def test_lifecycle_shared_then_guaranteed_then_restart(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        sim = node.sim
+        assert node.session.runtime_name == "dracpu-sim"
+        await sim.create_pod("p0", "shared")
+        s1 = await sim.create_container("p0", "s1")
+        s2 = await sim.create_container("p0", "s2")
+        assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "0-7"
+
+        node.prepare("A", "2-3")
+        await sim.create_pod("p1", "guaranteed")
+        g1 = await sim.create_container("p1", "app", ["DRA_CPUSET_A=2-3"])
+        assert sim.cpuset_of(g1) == "2-3"
+        assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "0-1,4-7"
+        cg = tmp_path / "cg" / "cpuset" / "kubepods" / "podp1" / g1 / "cpuset.cpus"
+        assert cg.read_text() == "2-3\n"
+
+        # Restart of the claim holder in a live pod: same CPUs, no updates.
+        await sim.stop_container(g1)
+        await sim.remove_container(g1)
+        g2 = await sim.create_container("p1", "app", ["DRA_CPUSET_A=2-3"])
+        assert sim.cpuset_of(g2) == "2-3"
+        assert node.containers.get("p1", "app").container_id == g2  # type: ignore[union-attr]
+
+        # New shared containers avoid the claim.
+        s3 = await sim.create_container("p0", "s3")
+        assert sim.cpuset_of(s3) == "0-1,4-7"
+        await sim.remove_pod("p0")
+        assert node.containers.shared_container_ids() == []
+        assert not (tmp_path / "cg" / "cpuset" / "kubepods" / "podp0").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (["DRA_CPUSET_A=0-3"], 'claim "A" is not prepared by this driver'),
+        (["DRA_CPUSET_A"], 'malformed DRA env entry "DRA_CPUSET_A"'),
+        (["DRA_CPUSET_A=a-b"], 'failed to parse cpuset value "a-b" from env "DRA_CPUSET_A=a-b"'),
+    ],
+)
+async def test_bad_env_fails_creation_and_session_keeps_serving(
+    sock_dir: str, tmp_path: Path, env: list[str], message: str
+) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        await node.sim.create_pod("p1", "pod")
+        with pytest.raises(ContainerCreateError) as err:
+            await node.sim.create_container("p1", "app", env)
+        assert str(err.value).startswith(message)
+        assert node.sim.containers == []
+        ok = await node.sim.create_container("p1", "app")
+        assert node.sim.cpuset_of(ok) == "0-7"
+        assert node.sim.plugin_ready
+
+
+async def test_forged_env_is_refused(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        node.prepare("A", "0-1")
+        await node.sim.create_pod("p1", "owner")
+        await node.sim.create_pod("evil", "forger")
+        with pytest.raises(ContainerCreateError) as err:
+            await node.sim.create_container("evil", "x", ["DRA_CPUSET_A=0-3"])
+        assert str(err.value) == (
+            'validation failed for claim "A": cpuset mismatch (expected "0-1", got "0-3")'
+        )
+        await node.sim.create_container("p1", "app", ["DRA_CPUSET_A=0-1"])
+        with pytest.raises(ContainerCreateError) as err:
+            await node.sim.create_container("evil", "x", ["DRA_CPUSET_A=0-1"])
+        assert str(err.value) == 'claimUID "A" already bound to pod "p1" container "app"'
+
+
+async def test_empty_pool_fails_closed(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg", node_cpus="0-3") as node:
+        node.prepare("A", "0-3")
+        await node.sim.create_pod("p1", "pod")
+        with pytest.raises(ContainerCreateError) as err:
+            await node.sim.create_container("p1", "sidecar")
+        assert str(err.value) == EMPTY_SHARED_POOL
+        g = await node.sim.create_container("p1", "app", ["DRA_CPUSET_A=0-3"])
+        assert node.sim.cpuset_of(g) == "0-3"
+
+
+async def test_runtime_restart_mid_stream_reconnects_and_resyncs(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        sim = node.sim
+        await sim.create_pod("p0", "shared")
+        s1 = await sim.create_container("p0", "s1")
+        node.prepare("A", "0-1")
+
+        await sim.restart(downtime=0.05)
+        # While the plugin is away a container starts unconfined (behavior.md §18).
+        s2 = await sim.create_container("p0", "s2")
+        assert sim.cpuset_of(s2) == "0-7"
+        assert not node.session.is_synchronized or not sim.plugin_ready
+
+        await sim.wait_plugin_ready()
+        await node.session.wait_synchronized()
+        assert len(sim.accepted) == 2
+        assert reconnects(node.metrics) == 1
+        # The resync confined both shared containers to the pool without claim A.
+        assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "2-7"
+        assert set(node.containers.shared_container_ids()) == {s1, s2}
+
+        await sim.drop_connection()
+        await sim.wait_plugin_ready()
+        await node.session.wait_synchronized()
+        assert reconnects(node.metrics) == 2
+
+
+async def test_stale_stop_and_remove_after_new_create(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        sim = node.sim
+        node.prepare("A", "4-5")
+        await sim.create_pod("p1", "pod")
+        old = await sim.create_container("p1", "app", ["DRA_CPUSET_A=4-5"])
+        seq = trio.testing.Sequencer()
+        ids: list[str] = []
+
+        async def create_new() -> None:
+            async with seq(0):
+                ids.append(await sim.create_container("p1", "app", ["DRA_CPUSET_A=4-5"]))
+
+        async def stop_old() -> None:
+            async with seq(1):
+                await sim.stop_container(old)
+                await sim.remove_container(old)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_old)
+            nursery.start_soon(create_new)
+        [new] = ids
+        record = node.containers.get("p1", "app")
+        assert record is not None and record.container_id == new
+        assert node.tracker.owner_of("A") is not None
+        assert [i.container_id for i in node.plugin.intents()] == [new]
+        assert sim.cpuset_of(new) == "4-5"
+
+
+async def test_remove_through_state_change_on_old_runtimes(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(
+        sock_dir, tmp_path / "cg", sim_kw={"remove_via_state_change": True}
+    ) as node:
+        await node.sim.create_pod("p1", "pod")
+        c = await node.sim.create_container("p1", "app")
+        # Make Stop look stale so only the StateChange removal can forget the container.
+        node.containers.remove("p1", "app", c)
+        node.plugin.create_container(node.sim._pods["p1"].proto(), node.sim.container(c).proto())
+        await node.sim.remove_container(c)
+        assert len(node.containers) == 0
+
+
+async def test_synchronize_500_containers_in_pages(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(
+        sock_dir, tmp_path / "cg", start_session=False, sim_kw={"sync_page_size": 120}
+    ) as node:
+        sim = node.sim
+        node.prepare("A", "0-1")
+        node.prepare("B", "2")
+        ids: list[str] = []
+        for p in range(50):
+            await sim.create_pod(f"p{p}", f"pod{p}")
+            for c in range(10):
+                env = []
+                if (p, c) == (0, 0):
+                    env = ["DRA_CPUSET_A=0-1"]
+                elif (p, c) == (1, 0):
+                    env = ["DRA_CPUSET_B=2"]
+                ids.append(await sim.create_container(f"p{p}", f"c{c}", env))
+        assert all(sim.cpuset_of(i) == "0-7" for i in ids)
+
+        node.start_session()
+        await sim.wait_plugin_ready()
+        assert node.session.is_synchronized
+        assert [more for _, _, more in sim.sync_chunks] == [True] * 4 + [False]
+        assert sum(c for _, c, _ in sim.sync_chunks) == 500
+        assert sum(p for p, _, _ in sim.sync_chunks) == 50
+        assert sim.cpuset_of(ids[0]) == "0-1"
+        assert sim.cpuset_of(ids[10]) == "2"
+        assert {sim.cpuset_of(i) for i in ids[1:10] + ids[11:]} == {"3-7"}
+        assert len(node.containers.shared_container_ids()) == 498
+
+
+async def test_update_containers_success_and_failures(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        sim = node.sim
+        node.prepare("A", "0-3")
+        await sim.create_pod("p0", "shared")
+        s1 = await sim.create_container("p0", "s1")
+        s2 = await sim.create_container("p0", "s2")
+        assert sim.cpuset_of(s1) == "4-7"
+
+        node.store.release("A")
+        updates = node.plugin.shared_pool_updates()
+        assert await node.session.update_containers(updates) == []
+        assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "0-7"
+
+        sim.fail_updates(1)
+        assert await node.session.update_containers(updates) == [s1, s2]
+        reasons = [node.failed.receive_nowait() for _ in range(2)]
+        assert [r.intent.container_id for r in reasons] == [s1, s2]
+        assert reasons[0].reason == "UpdateContainers failed: simulated UpdateContainers failure"
+        assert reasons[0].intent.cgroups_path == f"/kubepods/podp0/{s1}"
+        assert reasons[0].intent.cpus == "0-7"
+
+        sim.mark_failed_updates(1)
+        assert await node.session.update_containers(updates) == [s1, s2]
+        assert node.failed.receive_nowait().reason == "listed as failed by the runtime"
+        node.failed.receive_nowait()
+
+        # A container that exited is reported by the runtime as failed (ignore_failure).
+        await sim.stop_container(s2)
+        assert await node.session.update_containers(updates) == [s2]
+        assert node.failed.receive_nowait().intent.container_id == s2
+        assert len(sim.update_requests) == 4
+
+
+async def test_update_containers_when_session_down(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+        await node.sim.create_pod("p0", "shared")
+        node.plugin.create_container(
+            node.sim._pods["p0"].proto(),
+            node.sim.container(await node.sim.create_container("p0", "s1")).proto(),
+        )
+        updates = node.plugin.shared_pool_updates()
+        [cid] = await node.session.update_containers(updates)
+        msg = node.failed.receive_nowait()
+        assert (msg.intent.container_id, msg.reason) == (cid, "NRI session down")
+
+
+async def test_update_containers_timeout(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        await node.sim.create_pod("p0", "shared")
+        await node.sim.create_container("p0", "s1")
+        node.sim.drop_updates(1)
+        start = trio.current_time()
+        failed = await node.session.update_containers(node.plugin.shared_pool_updates())
+        assert trio.current_time() - start == pytest.approx(2.0)
+        assert len(failed) == 1
+        assert node.failed.receive_nowait().reason == "timed out"
+        # The session stays up and the next update goes through.
+        assert await node.session.update_containers(node.plugin.shared_pool_updates()) == []
+
+
+async def test_reconnect_backoff_under_mock_clock(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with sim_node(
+        sock_dir,
+        tmp_path / "cg",
+        start_session=False,
+        session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
+    ) as node:
+        sim = node.sim
+        start = trio.current_time()
+        listener = sim._listener
+        assert listener is not None
+        # Take the socket away: every dial fails until it comes back at t=20.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sim.restart, 20.0)
+            await trio.sleep(0)
+            node.start_session()
+        await sim.wait_plugin_ready()
+        # Dials at 0, 1, 3, 7, 15 fail (delays 1, 2, 4, 8 capped); the one at 23 succeeds.
+        assert sim.accepted == [pytest.approx(start + 23.0)]
+        assert reconnects(node.metrics) == 0
+
+
+async def test_backoff_resets_after_a_synchronized_session(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with sim_node(
+        sock_dir,
+        tmp_path / "cg",
+        session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 0.0},
+    ) as node:
+        t0 = trio.current_time()
+        await node.sim.drop_connection()
+        await node.sim.wait_plugin_ready()
+        # The first delay after a good session is the initial one, jittered to 50 %.
+        assert node.sim.accepted[-1] - t0 == pytest.approx(0.5)
+        assert reconnects(node.metrics) == 1
