@@ -1,0 +1,326 @@
+"""The session and the simulator against hand-driven peers: registration order, paging,
+unknown methods, golden bytes, and the runtime's deadlines (protocols.md 5-6)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from dracpu.allocation.store import AllocationStore, ClaimTracker, ContainerState
+from dracpu.cpuset import CPUSet
+from dracpu.nri.mux import Multiplexer, MuxData
+from dracpu.nri.plugin import NRIPlugin
+from dracpu.nri.session import (
+    EVENT_MASK,
+    PLUGIN_SERVICE,
+    RUNTIME_SERVICE,
+    CallFailed,
+    MuxPeer,
+    NRISession,
+    reconnect_delay,
+)
+from dracpu.nri.ttrpc import RequestReceived, StatusCode, TTRPCClientConnection
+from dracpu.proto.nri import api_pb2
+from dracpu.sim.runtime import RuntimeSimulator
+
+
+def make_plugin() -> tuple[NRIPlugin, ContainerState]:
+    containers = ContainerState()
+    plugin = NRIPlugin(
+        store=AllocationStore(CPUSet.parse("0-7"), CPUSet()),
+        tracker=ClaimTracker(),
+        containers=containers,
+        claim_cpus_from_cdi=dict,
+    )
+    return plugin, containers
+
+
+def pod(uid: str) -> api_pb2.PodSandbox:
+    return api_pb2.PodSandbox(id=f"sb-{uid}", uid=uid)
+
+
+def container(pod_uid: str, cid: str, *env: str) -> api_pb2.Container:
+    return api_pb2.Container(id=cid, pod_sandbox_id=f"sb-{pod_uid}", name=cid, env=list(env))
+
+
+class RawRuntime:
+    """A runtime written by hand on MuxPeer, so tests decide what happens when."""
+
+    def __init__(self) -> None:
+        self.requests: list[RequestReceived] = []
+        self.peer: MuxPeer | None = None
+        self.register = trio.Event()
+
+    async def on_request(self, request: RequestReceived) -> None:
+        self.requests.append(request)
+        if request.method == "RegisterPlugin":
+            self.register.set()  # the reply is sent by the test, when it chooses
+
+    async def call(self, method: str, message: object, service: str = PLUGIN_SERVICE) -> bytes:
+        assert self.peer is not None
+        payload = message if isinstance(message, bytes) else message.SerializeToString()  # type: ignore[attr-defined]
+        return await self.peer.call(service, method, payload, timeout=2.0)
+
+
+@asynccontextmanager
+async def raw_runtime(
+    sock_dir: str,
+) -> AsyncIterator[tuple[RawRuntime, NRISession, ContainerState]]:
+    path = os.path.join(sock_dir, "nri.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen(1)
+    runtime = RawRuntime()
+    plugin, containers = make_plugin()
+    session = NRISession(path, plugin, reconnect_backoff=(0.01, 0.05))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        conn, _ = await sock.accept()
+        stream = trio.SocketStream(conn)
+        runtime.peer = MuxPeer(stream, serve_conn=2, call_conn=1, on_request=runtime.on_request)
+        nursery.start_soon(runtime.peer.run)
+        await runtime.register.wait()
+        yield runtime, session, containers
+        nursery.cancel_scope.cancel()
+    sock.close()
+
+
+async def test_configure_and_paged_synchronize_before_register_reply(sock_dir: str) -> None:
+    async with raw_runtime(sock_dir) as (runtime, session, containers):
+        [reg] = runtime.requests
+        assert (reg.service, reg.method) == (RUNTIME_SERVICE, "RegisterPlugin")
+        body = api_pb2.RegisterPluginRequest.FromString(reg.payload)
+        assert (body.plugin_name, body.plugin_idx) == ("dra.cpu", "00")
+
+        reply = api_pb2.ConfigureResponse.FromString(
+            await runtime.call("Configure", api_pb2.ConfigureRequest(runtime_name="raw"))
+        )
+        assert reply.events == EVENT_MASK == 0x0608
+        first = api_pb2.SynchronizeRequest(
+            pods=[pod("p1")], containers=[container("p1", "c1")], more=True
+        )
+        page = api_pb2.SynchronizeResponse.FromString(await runtime.call("Synchronize", first))
+        assert page.more and not page.update
+        assert not session.is_synchronized
+        last = api_pb2.SynchronizeRequest(pods=[pod("p2")], containers=[container("p2", "c2")])
+        final = api_pb2.SynchronizeResponse.FromString(await runtime.call("Synchronize", last))
+        assert not final.more
+        assert [
+            (u.container_id, u.linux.resources.cpu.cpus, u.ignore_failure) for u in final.update
+        ] == [
+            ("c1", "0-7", True),
+            ("c2", "0-7", True),
+        ]
+        assert session.is_synchronized
+        assert len(containers) == 2
+        # Only now does the RegisterPlugin reply arrive.
+        assert runtime.peer is not None
+        await runtime.peer.respond(reg.stream_id, b"")
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "payload", "code", "message"),
+    [
+        (PLUGIN_SERVICE, "RunPodSandbox", b"", StatusCode.UNIMPLEMENTED, "method RunPodSandbox"),
+        ("nri.Other", "Configure", b"", StatusCode.UNIMPLEMENTED, "service nri.Other"),
+        (
+            PLUGIN_SERVICE,
+            "CreateContainer",
+            b"\x0a\x05ab",
+            StatusCode.INVALID_ARGUMENT,
+            "undecodable CreateContainer request",
+        ),
+    ],
+)
+async def test_bad_requests_get_clear_errors_and_the_session_keeps_serving(
+    sock_dir: str, service: str, method: str, payload: bytes, code: int, message: str
+) -> None:
+    async with raw_runtime(sock_dir) as (runtime, _session, _):
+        with pytest.raises(CallFailed) as err:
+            await runtime.call(method, payload, service=service)
+        assert err.value.status.code == code
+        assert err.value.status.message.startswith(message)
+        reply = await runtime.call("Configure", api_pb2.ConfigureRequest())
+        assert api_pb2.ConfigureResponse.FromString(reply).events == EVENT_MASK
+
+
+async def test_shutdown_only_logs(sock_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dracpu.nri.session")
+    async with raw_runtime(sock_dir) as (runtime, _session, _):
+        assert await runtime.call("Shutdown", b"") == b""
+    assert "runtime shutting down" in caplog.text
+
+
+async def test_plugin_error_is_an_unknown_status(sock_dir: str) -> None:
+    async with raw_runtime(sock_dir) as (runtime, _session, containers):
+        request = api_pb2.CreateContainerRequest(
+            pod=pod("p1"), container=container("p1", "c1", "DRA_CPUSET_A=1")
+        )
+        with pytest.raises(CallFailed) as err:
+            await runtime.call("CreateContainer", request)
+        assert err.value.status.code == StatusCode.UNKNOWN
+        assert err.value.status.message == 'claim "A" is not prepared by this driver'
+        assert len(containers) == 0
+
+
+async def test_configure_reply_golden_bytes(sock_dir: str) -> None:
+    """The whole Configure exchange as raw socket bytes (protocols.md 5.5, events 0x608)."""
+    path = os.path.join(sock_dir, "nri.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen(1)
+    plugin, _ = make_plugin()
+    session = NRISession(path, plugin)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        conn, _ = await sock.accept()
+        client = TTRPCClientConnection()
+        client.send_request(PLUGIN_SERVICE, "Configure", b"", timeout_nano=2_000_000_000)
+        mux = Multiplexer()
+        for message in client.messages_to_send():
+            mux.send(1, message)
+        await conn.send(mux.data_to_send())
+        wire = b""
+        conn1 = b""
+        while len(conn1) < 15:
+            data = await conn.recv(4096)
+            assert data
+            wire += data
+            conn1 += b"".join(
+                e.payload
+                for e in mux.receive_data(data)
+                if isinstance(e, MuxData) and e.conn_id == 1
+            )
+        golden = bytes.fromhex("00000005 00000001 0200 1203 10880c".replace(" ", ""))
+        assert conn1 == golden
+        assert bytes.fromhex("00000001 0000000f".replace(" ", "")) + golden in wire
+        nursery.cancel_scope.cancel()
+    sock.close()
+
+
+def test_session_refuses_bad_names() -> None:
+    plugin, _ = make_plugin()
+    with pytest.raises(ValueError, match="plugin name"):
+        NRISession("/x", plugin, plugin_name="dra cpu")
+    with pytest.raises(ValueError, match="plugin index"):
+        NRISession("/x", plugin, plugin_idx="1")
+    with pytest.raises(ValueError, match="backoff"):
+        NRISession("/x", plugin, reconnect_backoff=(2.0, 1.0))
+
+
+def test_reconnect_delay_grows_caps_and_jitters() -> None:
+    delays = [reconnect_delay(a, initial=0.5, maximum=4.0, rand=lambda: 1.0) for a in range(6)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert reconnect_delay(2, initial=0.5, maximum=4.0, rand=lambda: 0.0) == 1.0
+    assert reconnect_delay(10_000, initial=0.5, maximum=4.0, rand=lambda: 0.5) == 3.0
+
+
+# -- the simulator's deadlines ------------------------------------------------------------------
+
+
+RequestHandler = Callable[[MuxPeer, RequestReceived, trio.Nursery], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_plugin(
+    sim: RuntimeSimulator, handle_create: RequestHandler | None
+) -> AsyncIterator[trio.Event]:
+    """A plugin written by hand: registers, subscribes to CreateContainer, syncs with no
+    updates, and lets the test decide about CreateContainer. Yields its "closed" event."""
+    stream = await trio.open_unix_socket(sim.socket_path)
+    closed = trio.Event()
+    async with trio.open_nursery() as nursery:
+        holder: list[MuxPeer] = []
+
+        async def on_request(request: RequestReceived) -> None:
+            peer = holder[0]
+            if request.method == "Configure":
+                reply = api_pb2.ConfigureResponse(events=0x8).SerializeToString()
+                await peer.respond(request.stream_id, reply)
+            elif request.method == "Synchronize":
+                await peer.respond(request.stream_id, b"")
+            elif request.method == "CreateContainer" and handle_create is not None:
+                await handle_create(peer, request, nursery)
+
+        peer = MuxPeer(stream, serve_conn=1, call_conn=2, on_request=on_request)
+        holder.append(peer)
+
+        async def read() -> None:
+            await peer.run()
+            closed.set()
+
+        nursery.start_soon(read)
+        register = api_pb2.RegisterPluginRequest(plugin_name="raw", plugin_idx="50")
+        await peer.call(RUNTIME_SERVICE, "RegisterPlugin", register.SerializeToString(), timeout=5)
+        await sim.wait_plugin_ready()
+        yield closed
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def running_sim(sock_dir: str, tmp_path: Path) -> AsyncIterator[RuntimeSimulator]:
+    sim = RuntimeSimulator(os.path.join(sock_dir, "nri.sock"), str(tmp_path / "cg"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.run)
+        await sim.create_pod("p1", "pod")
+        yield sim
+        nursery.cancel_scope.cancel()
+
+
+async def test_plugin_missing_the_2s_deadline_is_dropped(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def never_answer(peer: MuxPeer, request: RequestReceived, nursery: trio.Nursery) -> None:
+        return None
+
+    async with running_sim(sock_dir, tmp_path) as sim, raw_plugin(sim, never_answer) as closed:
+        start = trio.current_time()
+        cid = await sim.create_container("p1", "app")
+        assert trio.current_time() - start == pytest.approx(2.0)
+        assert sim.cpuset_of(cid) == "0-7"  # created unadjusted
+        assert sim.dropped_reasons == ["CreateContainer: context deadline exceeded"]
+        await closed.wait()
+        assert not sim.plugin_ready
+
+
+async def test_update_containers_inside_a_request_deadlocks_like_containerd(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    outcome: list[str] = []
+
+    async def update_first(peer: MuxPeer, request: RequestReceived, nursery: trio.Nursery) -> None:
+        async def work() -> None:
+            try:
+                await peer.call(RUNTIME_SERVICE, "UpdateContainers", b"", timeout=5.0)
+                outcome.append("answered")
+            except Exception as exc:
+                outcome.append(type(exc).__name__)
+
+        nursery.start_soon(work)
+
+    async with running_sim(sock_dir, tmp_path) as sim, raw_plugin(sim, update_first) as closed:
+        start = trio.current_time()
+        await sim.create_container("p1", "app")
+        assert trio.current_time() - start == pytest.approx(2.0)
+        assert sim.dropped_reasons == ["CreateContainer: context deadline exceeded"]
+        await closed.wait()
+    assert outcome == ["PeerClosed"]
+
+
+async def test_plugin_that_never_registers_is_closed(
+    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_sim(sock_dir, tmp_path) as sim:
+        stream = await trio.open_unix_socket(sim.socket_path)
+        start = trio.current_time()
+        assert await stream.receive_some(100) == b""
+        assert trio.current_time() - start == pytest.approx(5.0)
+        assert sim.dropped_reasons == ["plugin registration timed out"]
+        await stream.aclose()
