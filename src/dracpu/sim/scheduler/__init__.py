@@ -7,9 +7,12 @@ from __future__ import annotations
 from dracpu.sim.scheduler.allocator import UnsatisfiableClaim, allocate, node_selector
 from dracpu.sim.scheduler.cel import SelectorError, compile_selector
 from dracpu.sim.scheduler.devices import AllocatedDevices, gather_devices
+from dracpu.sim.scheduler.shell import ScheduleOutcome, Scheduler
 
 __all__ = [
     "AllocatedDevices",
+    "ScheduleOutcome",
+    "Scheduler",
     "SelectorError",
     "UnsatisfiableClaim",
     "allocate",
