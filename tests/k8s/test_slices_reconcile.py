@@ -1,10 +1,20 @@
 """ResourceSlice reconciliation (behavior.md §6.4): the pure planner, the backoff schedule,
-and SliceReconciler against the loopback API server through the real kubernetes client."""
+and SliceReconciler against the loopback API server through the real kubernetes client.
+
+Every test with a retry or backoff runs under ``MockClock(autojump_threshold=0)`` (the
+``autojump_clock`` fixture): the reconciler's waits are Trio's, so the schedule is checked
+through the recorded delays and nothing really sleeps. The API calls themselves are real
+HTTP in worker threads, so no test asserts on the virtual time they take."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -40,7 +50,9 @@ def desired(fixture: str, mode: str, group_by: str = "numanode") -> list[dict[st
 async def sim(
     nursery: trio.Nursery, tmp_path: Path
 ) -> AsyncIterator[tuple[SimAPIServer, KubeClient]]:
-    server = SimAPIServer(seed=5)
+    # No server-side timers: under the autojump clock a 60 s bookmark tick would fire
+    # every time Trio waits for a worker thread.
+    server = SimAPIServer(seed=5, bookmark_interval=math.inf, max_watch_seconds=math.inf)
     await nursery.start(server.serve)
     kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
     yield server, kube
@@ -54,10 +66,33 @@ def published(server: SimAPIServer) -> list[dict[str, Any]]:
     )
 
 
+class Sleeps:
+    """The reconciler's ``sleep``: records each delay, then sleeps on Trio's clock."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await trio.sleep(seconds)
+
+
 def reconciler(kube: KubeClient, want: list[dict[str, Any]], **kw: Any) -> SliceReconciler:
-    kw.setdefault("backoff_base", 0.001)
-    kw.setdefault("backoff_cap", 0.01)
-    return SliceReconciler(kube, node_name=NODE, desired=want, resync_interval=3600, **kw)
+    """Resync off (only the watch or a trigger re-converges), no watch timeout, jitter
+    pinned to the top of its range: delays are 0.5, 1, 2, 4, ... capped at 30."""
+    kw.setdefault("resync_interval", math.inf)
+    kw.setdefault("watch_timeout", None)
+    kw.setdefault("rand", lambda: 1.0)
+    return SliceReconciler(kube, node_name=NODE, desired=want, **kw)
+
+
+async def until(condition: Callable[[], bool], what: str, *, steps: int = 20_000) -> None:
+    """Poll ``condition`` on Trio's clock (virtual under autojump: no real sleeping)."""
+    for _ in range(steps):
+        if condition():
+            return
+        await trio.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
 
 
 def assert_matches(server: SimAPIServer, want: list[dict[str, Any]], generation: int) -> None:
@@ -213,7 +248,7 @@ class FlakyReconciler(SliceReconciler):
     """No API at all: ``sync_once`` fails ``failures`` times, recording when it ran."""
 
     def __init__(self, failures: int) -> None:
-        super().__init__(None, node_name=NODE, desired=[], rand=lambda: 1.0)  # type: ignore[arg-type]
+        super().__init__(None, node_name=NODE, desired=[], rand=lambda: 1.0, watch=False)  # type: ignore[arg-type]
         self.failures = failures
         self.times: list[float] = []
 
@@ -244,7 +279,18 @@ async def test_retry_schedule_under_mock_clock() -> None:
     assert times == [0.0, 0.5, 1.5, 3.5, 7.5, 15.5, 31.5, 61.5, 91.5]
 
 
-# -- against the loopback server -------------------------------------------------------------
+def test_constructor_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match=r"^resync interval must be > 0 seconds, got 0$"):
+        SliceReconciler(None, node_name=NODE, desired=[], resync_interval=0)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"^backoff must satisfy 0 < base <= cap, got base 2.0, cap 1.0$"
+    ):
+        SliceReconciler(None, node_name=NODE, desired=[], backoff_base=2.0, backoff_cap=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^watch timeout must be >= 1 second, got 0.5$"):
+        SliceReconciler(None, node_name=NODE, desired=[], watch_timeout=0.5)  # type: ignore[arg-type]
+
+
+# -- publication against the loopback server -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -252,7 +298,13 @@ async def test_retry_schedule_under_mock_clock() -> None:
     [
         ("xeon-2s-ht", "individual", "numanode", 1),
         ("xeon-2s-ht", "grouped", "numanode", 1),
+        ("xeon-snc", "grouped", "numanode", 1),
         ("epyc-nps4", "grouped", "socket", 1),
+        ("epyc-nps1", "individual", "numanode", 1),
+        ("intel-hybrid", "individual", "numanode", 1),
+        ("arm-server", "grouped", "numanode", 1),
+        ("offline-holes", "individual", "numanode", 1),
+        ("vm-1cpu", "grouped", "machine", 1),
         ("epyc-2s-768", "individual", "numanode", 6),
         ("epyc-2s-768", "grouped", "machine", 1),
     ],
@@ -268,9 +320,10 @@ async def test_publishes_pool(
     server, kube = sim
     want = desired(fixture, mode, group_by)
     assert len(want) == count
-    r = reconciler(kube, want)
+    r = reconciler(kube, want, watch=False)
+    assert not r.is_published
     await nursery.start(r.run)
-    assert r.converged.is_set()
+    assert r.is_published
     assert r.generation == 1
     assert_matches(server, want, 1)
     assert r.api_calls == 1 + count
@@ -278,40 +331,17 @@ async def test_publishes_pool(
     nursery.cancel_scope.cancel()
 
 
-async def test_external_deletion_repaired_on_trigger(
+async def test_768cpu_individual_with_pcie_roots_is_twelve_slices(
     sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
 ) -> None:
     server, kube = sim
-    want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want)
+    topo = discover_from_root(FAKE / "epyc-2s-768")
+    inv = build_inventory(topo, DeviceSettings(mode="individual"))
+    want = build_slices(inv, node_name=NODE, node_uid=UID, expose_pcie_roots=True)
+    r = reconciler(kube, want, watch=False)
     await nursery.start(r.run)
-    victim = published(server)[3]["metadata"]["name"]
-    server.delete("resourceslices", victim)
-    r.trigger()
-    await r.wait_next_sync()
-    # a missing slice means a new one: generation bumped, all rewritten
-    assert r.generation == 2
-    assert_matches(server, want, 2)
-    assert victim not in {s["metadata"]["name"] for s in published(server)}
-    nursery.cancel_scope.cancel()
-
-
-async def test_periodic_resync_repairs_external_change(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
-) -> None:
-    server, kube = sim
-    want = desired("epyc-2s-768", "individual")
-    r = SliceReconciler(kube, node_name=NODE, desired=want, resync_interval=0.05)
-    await nursery.start(r.run)
-    obj = published(server)[1]
-    obj["spec"]["devices"] = obj["spec"]["devices"][:1]
-    server.update("resourceslices", obj)
-    stray = copy.deepcopy(want[0])
-    stray["metadata"]["generateName"] = "00007-dra.cpu-node-a-"
-    server.create("resourceslices", stray)
-    await r.wait_next_sync()
-    # one changed slice: fixed in place, generation kept; the stray is gone
-    assert r.generation == 1
+    assert len(published(server)) == 12
+    assert all(len(s["spec"]["devices"]) == 64 for s in published(server))
     assert_matches(server, want, 1)
     nursery.cancel_scope.cancel()
 
@@ -322,11 +352,11 @@ async def test_restart_changes_nothing(
     server, kube = sim
     want = desired("epyc-2s-768", "individual")
     async with trio.open_nursery() as inner:
-        await inner.start(reconciler(kube, want).run)
+        await inner.start(reconciler(kube, want, watch=False).run)
         inner.cancel_scope.cancel()
     before = published(server)
     server.calls.reset()
-    second = reconciler(kube, want)
+    second = reconciler(kube, want, watch=False)
     await nursery.start(second.run)
     assert second.generation == 1
     assert published(server) == before
@@ -349,6 +379,7 @@ async def test_content_change_bumps_generation(
     r.set_desired(second)
     await r.wait_next_sync()
     assert r.generation == 2
+    assert r.sync_reasons["desired"] == 1
     assert_matches(server, second, 2)
     # rewritten in place: same objects, no delete/create churn
     assert [s["metadata"]["name"] for s in published(server)] == names
@@ -370,44 +401,94 @@ async def test_shrinking_pool_deletes_extra_slices(
     nursery.cancel_scope.cancel()
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+async def test_kubectl_sees_the_published_pool(
+    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server, kube = sim
+    r = reconciler(kube, desired("epyc-2s-768", "individual"), watch=False)
+    await nursery.start(r.run)
+    kubeconfig = server.write_kubeconfig(tmp_path / "kc-kubectl")
+    env = {**os.environ, "HOME": str(tmp_path), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    command = [
+        "kubectl",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "get",
+        "resourceslices",
+        "--field-selector",
+        f"spec.nodeName={NODE}",
+        "-o",
+        "json",
+    ]
+    result = await trio.to_thread.run_sync(
+        lambda: subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    )
+    assert result.returncode == 0, result.stderr
+    items = json.loads(result.stdout)["items"]
+    assert sorted(i["metadata"]["name"] for i in items) == [
+        s["metadata"]["name"] for s in published(server)
+    ]
+    assert {i["spec"]["pool"]["generation"] for i in items} == {1}
+    assert sum(len(i["spec"]["devices"]) for i in items) == 768
+    nursery.cancel_scope.cancel()
+
+
+# -- retries, under the autojump clock -------------------------------------------------------
+
+
 @pytest.mark.parametrize(
-    ("verb", "status", "drop"),
+    ("verb", "status", "drop", "errors", "delays", "calls"),
     [
-        ("create", 409, False),
-        ("create", 500, False),
-        ("list", 429, False),
-        ("list", 503, False),
-        ("create", 500, True),
-        ("list", 500, True),
+        # each failed create fails the whole sync, which lists again and starts over
+        ("create", 409, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
+        ("create", 500, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
+        # Retry-After: 1 is honoured when it is longer than the backoff
+        ("list", 429, False, 5, [1.0, 1.0, 2.0, 4.0, 8.0], 6),
+        ("list", 503, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 6),
+        # a POST whose connection drops is not retried by urllib3 (it may have happened)
+        ("create", 0, True, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
+        # a GET is: the first sync uses up 4 drops (1 + 3 immediate urllib3 retries)
+        ("list", 0, True, 1, [0.5], 6),
     ],
 )
 async def test_survives_fault_storm(
+    autojump_clock: trio.testing.MockClock,
     sim: tuple[SimAPIServer, KubeClient],
     nursery: trio.Nursery,
     verb: str,
     status: int,
     drop: bool,
+    errors: int,
+    delays: list[float],
+    calls: int,
 ) -> None:
     server, kube = sim
     want = desired("epyc-2s-768", "individual")
-    # (urllib3 itself retries a 429 up to 3 times, sleeping out Retry-After in the worker
-    # thread; 5 faults get past that and reach our own backoff)
-    server.faults.inject(verb, "resourceslices", 5, status=status, drop_connection=drop)
-    r = reconciler(kube, want)
+    server.faults.inject(verb, "resourceslices", 5, status=status or 500, drop_connection=drop)
+    sleeps = Sleeps()
+    r = reconciler(kube, want, sleep=sleeps, watch=False)
     await nursery.start(r.run)
     assert server.faults.pending() == 0
-    assert r.errors >= 1
-    assert r.generation is not None
-    assert_matches(server, want, r.generation)
+    assert (r.errors, sleeps.delays) == (errors, delays)
+    assert server.calls.get(verb, "resourceslices") == calls
+    assert r.last_error is None
+    assert r.generation == 1
+    assert_matches(server, want, 1)
     nursery.cancel_scope.cancel()
 
 
 async def test_update_conflict_is_retried(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
 ) -> None:
     server, kube = sim
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want)
+    sleeps = Sleeps()
+    r = reconciler(kube, want, sleep=sleeps, watch=False)
     await nursery.start(r.run)
     obj = published(server)[0]
     obj["spec"]["devices"] = []
@@ -415,42 +496,306 @@ async def test_update_conflict_is_retried(
     server.faults.inject("update", "resourceslices", 3, status=409)
     r.trigger()
     await r.wait_next_sync()
-    assert r.errors == 3
+    assert (r.errors, sleeps.delays) == (3, [0.5, 1.0, 2.0])
+    assert server.calls.get("update", "resourceslices") == 4
+    assert r.sync_reasons == {"start": 1, "trigger": 1}
     assert r.generation == 1
     assert_matches(server, want, 1)
     nursery.cancel_scope.cancel()
 
 
-class CountingReconciler(SliceReconciler):
-    """Sets ``third_failure`` when the third sync has failed."""
+async def test_delete_failures_are_retried_and_the_stray_removed(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("xeon-2s-ht", "individual")
+    stray = copy.deepcopy(want[0])
+    stray["metadata"]["generateName"] = "00003-dra.cpu-node-a-"
+    server.create("resourceslices", stray)
+    server.faults.inject("delete", "resourceslices", 2, status=500)
+    sleeps = Sleeps()
+    r = reconciler(kube, want, sleep=sleeps, watch=False)
+    await nursery.start(r.run)
+    assert (r.errors, sleeps.delays) == (2, [0.5, 1.0])
+    # the stray held generation 1 of the pool, so the new slice is generation 2
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()
 
-    third_failure = trio.Event()
 
-    async def sync_once(self) -> Plan:
-        try:
-            return await super().sync_once()
-        except Exception:
-            if self.errors == 2:
-                self.third_failure.set()
-            raise
-
-
-async def test_unreachable_server_never_raises(nursery: trio.Nursery, tmp_path: Path) -> None:
-    # a port nobody listens on: run keeps retrying and never raises
-    server = SimAPIServer()
-    server.port = 9  # discard port, closed on the loopback
-    kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
-    r = CountingReconciler(
-        kube,
-        node_name=NODE,
-        desired=desired("xeon-2s-ht", "individual"),
-        backoff_base=0.001,
-        backoff_cap=0.01,
-    )
-    r.third_failure = trio.Event()
+async def test_backoff_reaches_the_cap_and_readiness_waits(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    server.faults.inject("list", "resourceslices", 9, status=500)
+    sleeps = Sleeps()
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps, watch=False)
     nursery.start_soon(r.run)
-    await r.third_failure.wait()
-    assert not r.converged.is_set()
+    await until(lambda: r.errors == 3, "three failed syncs")
+    assert not r.is_published
+    assert r.last_error == "Internal error occurred: injected fault"
+    assert r.status()["published"] is False
+    await r.wait_published()
+    assert sleeps.delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert r.status()["failedSyncs"] == 9
+    nursery.cancel_scope.cancel()
+
+
+async def test_unreachable_server_never_raises(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # a port nobody listens on: run keeps retrying and never raises
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = SimAPIServer()
+    server.port = port
+    kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+    sleeps = Sleeps()
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps)
+    nursery.start_soon(r.run)
+    await until(lambda: r.errors >= 4, "four failed syncs")
+    assert sleeps.delays[:3] == [0.5, 1.0, 2.0]
+    assert r.last_error is not None
+    assert r.last_error.startswith("connection to the API server failed: ")
+    assert not r.is_published
     assert r.generation is None
     nursery.cancel_scope.cancel()
     kube.close()
+
+
+# -- re-converging from the watch ------------------------------------------------------------
+
+
+async def watching(server: SimAPIServer, r: SliceReconciler) -> None:
+    await until(lambda: r.watch_connected and len(server.connections.watches) == 1, "a watch")
+
+
+async def test_own_writes_do_not_wake_the_reconciler(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    # pre-existing stale pool: the first sync deletes 1, creates 6; every event is ours
+    old = copy.deepcopy(desired("xeon-2s-ht", "individual")[0])
+    old["spec"]["pool"]["generation"] = 1
+    old["metadata"]["generateName"] = "00009-dra.cpu-node-a-"
+    server.create("resourceslices", old)
+    r = reconciler(kube, desired("epyc-2s-768", "individual"))
+    await nursery.start(r.run)
+    await watching(server, r)
+    # the watch started from the list's version and so sees all 7 writes
+    await until(lambda: r.watch_events == 7, "our 7 writes seen")
+    await trio.testing.wait_all_tasks_blocked()
+    assert r.sync_reasons == {"start": 1}
+    assert r.external_changes == 0
+    assert r.api_calls == 8
+    nursery.cancel_scope.cancel()
+
+
+async def test_external_deletion_repaired_by_watch(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    # no periodic resync at all: only the watch can notice the deletion
+    r = reconciler(kube, want)
+    await nursery.start(r.run)
+    await watching(server, r)
+    victim = published(server)[3]["metadata"]["name"]
+    server.delete("resourceslices", victim)
+    await r.wait_next_sync()
+    assert r.sync_reasons == {"start": 1, "watch": 1}
+    assert r.external_changes == 1
+    # a missing slice means a new one: generation bumped, all rewritten
+    assert r.generation == 2
+    assert_matches(server, want, 2)
+    assert victim not in {s["metadata"]["name"] for s in published(server)}
+    # the repair's own 6 writes come back on the watch and change nothing
+    await until(lambda: r.watch_events == 6 + 1 + 6, "the repair's events")
+    await trio.testing.wait_all_tasks_blocked()
+    assert r.sync_reasons == {"start": 1, "watch": 1}
+    nursery.cancel_scope.cancel()
+
+
+async def test_kubelet_wipe_and_external_edits_repaired_by_watch(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want)
+    await nursery.start(r.run)
+    await watching(server, r)
+    # someone edits one slice: fixed in place at the same generation
+    obj = published(server)[1]
+    obj["spec"]["devices"] = obj["spec"]["devices"][:1]
+    server.update("resourceslices", obj)
+    await r.wait_next_sync()
+    assert r.generation == 1
+    assert_matches(server, want, 1)
+    # someone adds a slice into our pool: deleted
+    stray = copy.deepcopy(want[0])
+    stray["metadata"]["generateName"] = "00007-dra.cpu-node-a-"
+    server.create("resourceslices", stray)
+    await r.wait_next_sync()
+    assert_matches(server, want, 1)
+    # the kubelet wipes the node's slices (plugin gone, or kubelet restart)
+    for s in published(server):
+        server.delete("resourceslices", s["metadata"]["name"])
+    await until(lambda: len(published(server)) == 6 and r.generation == 2, "the pool republished")
+    assert_matches(server, want, 2)
+    assert r.sync_reasons["watch"] >= 3
+    nursery.cancel_scope.cancel()
+
+
+async def test_watch_410_in_the_stream_relists(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want)
+    await nursery.start(r.run)
+    await watching(server, r)
+    await until(lambda: r.watch_events == 6, "our creates seen")
+    # history compacted while the watch is down: resuming from its version is 410
+    for _ in range(3):
+        server.create(
+            "resourceslices",
+            copy.deepcopy(desired("xeon-2s-ht", "individual")[0])
+            | {
+                "metadata": {"generateName": "other-"},
+                "spec": {
+                    **want[0]["spec"],
+                    "nodeName": "node-b",
+                    "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1},
+                },
+            },
+        )
+    server.store.compact()
+    assert server.end_watches() == 1
+    await until(lambda: r.relists == 1 and r.sync_reasons["relist"] == 1, "a relist")
+    await watching(server, r)
+    assert r.generation == 1
+    # the new watch works: a deletion is still repaired without any resync
+    server.delete("resourceslices", published(server)[0]["metadata"]["name"])
+    await until(lambda: r.sync_reasons["watch"] == 1 and len(published(server)) == 6, "repair")
+    await trio.testing.wait_all_tasks_blocked()
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()
+
+
+async def test_watch_410_status_relists(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    server.faults.inject("watch", "resourceslices", 1, status=410)
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"))
+    await nursery.start(r.run)
+    await until(lambda: r.relists == 1 and r.watch_requests == 2, "relist, watch again")
+    await watching(server, r)
+    assert r.sync_reasons == {"start": 1, "relist": 1}
+    assert r.watch_errors == 0
+    assert server.calls.get("list", "resourceslices") == 2
+    nursery.cancel_scope.cancel()
+
+
+async def test_dropped_watch_resumes_without_losing_events(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    sleeps = Sleeps()
+    r = reconciler(kube, want, sleep=sleeps)
+    await nursery.start(r.run)
+    await watching(server, r)
+    await until(lambda: r.watch_events == 6, "our creates seen")
+    # The next 4 watch requests are dropped too: urllib3 retries the GET 3 times at
+    # once, so one reconnect fails and is backed off.
+    server.faults.inject("watch", "resourceslices", 4, drop_connection=True)
+    assert server.end_watches(drop=True) == 1
+    await until(lambda: r.watch_errors == 1, "the dropped stream noticed")
+    assert not r.watch_connected
+    # deleted while no watch is open: resuming from the last version replays it
+    server.delete("resourceslices", published(server)[2]["metadata"]["name"])
+    await until(lambda: r.sync_reasons["watch"] == 1, "the repair")
+    await until(lambda: len(published(server)) == 6, "6 slices")
+    assert r.watch_errors == 2  # the dropped stream, then the dropped reconnect
+    assert sleeps.delays == [0.5, 1.0]
+    assert r.relists == 0
+    assert server.faults.pending() == 0
+    await trio.testing.wait_all_tasks_blocked()
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()
+
+
+async def test_watch_errors_back_off_and_reset(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    server.faults.inject("watch", "resourceslices", 3, status=500)
+    server.faults.inject("watch", "resourceslices", 1, status=503)
+    sleeps = Sleeps()
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps)
+    await nursery.start(r.run)
+    await watching(server, r)
+    assert sleeps.delays == [0.5, 1.0, 2.0, 4.0]
+    assert (r.watch_errors, r.watch_requests) == (4, 5)
+    assert r.sync_reasons == {"start": 1}
+    nursery.cancel_scope.cancel()
+
+
+async def test_resync_converges_when_the_watch_is_unavailable(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    server.faults.inject("watch", "resourceslices", 10_000, status=403)
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want, resync_interval=30.0)
+    await nursery.start(r.run)
+    await until(lambda: r.watch_errors >= 3, "watch failures")
+    server.delete("resourceslices", published(server)[0]["metadata"]["name"])
+    await until(lambda: len(published(server)) == 6, "the periodic resync repairs")
+    assert r.sync_reasons["resync"] >= 1
+    assert "watch" not in r.sync_reasons
+    assert r.status()["watch"]["connected"] is False
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()
+
+
+async def test_clean_shutdown_leaves_slices_and_ends_the_watch_thread(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want)
+    async with trio.open_nursery() as inner:
+        await inner.start(r.run)
+        await watching(server, r)
+        assert r.watch_stream is not None
+        assert not r.watch_stream.exited.is_set()
+        # no server-side timeout on this watch: only the cancellation can end it
+        inner.cancel_scope.cancel()
+    assert await trio.to_thread.run_sync(r.watch_stream.exited.wait, 10)
+    await until(lambda: server.store.watcher_count == 0, "the server sees the close")
+    assert server.calls.get("delete", "resourceslices") == 0
+    assert_matches(server, want, 1)

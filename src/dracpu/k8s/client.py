@@ -20,6 +20,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from urllib3.util.retry import Retry
 
 __all__ = [
     "Conflict",
@@ -33,6 +34,7 @@ __all__ = [
     "TooManyRequests",
     "load_api_client",
     "translate_error",
+    "transport_retry",
 ]
 
 T = TypeVar("T")
@@ -155,10 +157,27 @@ def _bypass_proxy_for_loopback(configuration: k8s_client.Configuration) -> None:
         configuration.proxy = None
 
 
+def transport_retry() -> Retry:
+    """urllib3's retry policy for our clients: a failed connect, or a dropped connection
+    on an idempotent request, is retried at once (a stale pooled connection is routine);
+    HTTP answers are never retried and never slept on in the worker thread. 429/5xx and
+    their ``Retry-After`` reach the caller, whose backoff runs on Trio's clock."""
+    return Retry(
+        total=3,
+        redirect=0,
+        status_forcelist=(),
+        respect_retry_after_header=False,
+        backoff_factor=0,
+        raise_on_status=False,
+    )
+
+
 def load_api_client(
-    kubeconfig: str | None, *, context: str | None = None, retries: int | None = None
+    kubeconfig: str | None, *, context: str | None = None, retries: int | Retry | None = None
 ) -> k8s_client.ApiClient:
-    """An ``ApiClient`` from a kubeconfig file, or in-cluster when ``kubeconfig`` is None."""
+    """An ``ApiClient`` from a kubeconfig file, or in-cluster when ``kubeconfig`` is None.
+
+    ``retries`` is urllib3's policy; None means ``transport_retry()``."""
     configuration = k8s_client.Configuration()
     try:
         if kubeconfig is None:
@@ -171,8 +190,7 @@ def load_api_client(
         where = "in-cluster config" if kubeconfig is None else f"kubeconfig {kubeconfig}"
         raise ConfigError(f"load {where}: {exc}") from exc
     _bypass_proxy_for_loopback(configuration)
-    if retries is not None:
-        configuration.retries = retries
+    configuration.retries = transport_retry() if retries is None else retries
     return k8s_client.ApiClient(configuration)
 
 

@@ -41,6 +41,8 @@ class WatchSession:
         self.overflowed = False
         self.bookmark_requested = False
         self.client_gone = False
+        self.end_requested = False
+        self.drop = False
 
     def deliver(self, kind: str, obj: dict[str, Any]) -> None:
         if len(self.pending) >= MAX_PENDING_EVENTS:
@@ -48,6 +50,13 @@ class WatchSession:
             self.overflowed = True
         else:
             self.pending.append(_event_line(kind, obj))
+        self.wake.set()
+
+    def request_end(self, *, drop: bool = False) -> None:
+        """End the stream: cleanly (the final chunk, as when timeoutSeconds is up) or,
+        with ``drop``, by closing the connection mid-stream."""
+        self.end_requested = True
+        self.drop = drop
         self.wake.set()
 
     def request_bookmark(self) -> None:
@@ -153,7 +162,7 @@ class ConnectionServer:
         finally:
             store.unwatch(watcher)
             self.watches.discard(session)
-        if session.client_gone:
+        if session.client_gone or session.drop:
             return False
         await _data(conn, stream, None)
         return True
@@ -165,6 +174,8 @@ class ConnectionServer:
         while not session.overflowed:
             while session.pending:
                 await _data(conn, stream, session.pending.popleft())
+            if session.end_requested:
+                return
             if session.bookmark_requested:
                 session.bookmark_requested = False
                 await _data(
@@ -172,7 +183,7 @@ class ConnectionServer:
                 )
                 continue
             session.wake = trio.Event()
-            if session.pending or session.bookmark_requested:
+            if session.pending or session.bookmark_requested or session.end_requested:
                 continue
             with trio.move_on_after(self.bookmark_interval) as tick:
                 await session.wake.wait()

@@ -160,6 +160,14 @@ class SimAPIServer:
             deliver,
         )
 
+    def end_watches(self, *, drop: bool = False) -> int:
+        """End every open watch stream, cleanly or (``drop``) by closing its connection
+        without the final chunk; the number ended. Clients then watch again."""
+        sessions = list(self.connections.watches)
+        for session in sessions:
+            session.request_end(drop=drop)
+        return len(sessions)
+
     def request_bookmarks(self) -> None:
         """Make every open watch that allows bookmarks send one now."""
         for session in list(self.connections.watches):
