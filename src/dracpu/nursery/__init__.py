@@ -11,6 +11,7 @@ from dracpu.nursery.supervisor import (
     Supervisor,
     SupervisorStopping,
     describe_error,
+    run_daemon,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "SupervisorStopping",
     "describe_error",
     "restart_delay",
+    "run_daemon",
 ]

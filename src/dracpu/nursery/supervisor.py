@@ -21,7 +21,9 @@ Each service runs in a task of its own (a Trio system task) inside its own cance
 from __future__ import annotations
 
 import contextvars
+import logging
 import math
+import os
 import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +47,7 @@ __all__ = [
     "Supervisor",
     "SupervisorStopping",
     "describe_error",
+    "run_daemon",
 ]
 
 log = get_logger(__name__)
@@ -152,6 +155,7 @@ class _Entry:
     failures_in_row: int = 0
     last_error: str = ""
     start_value: object = None
+    started: bool = False
     start_error: str | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     first_outcome: trio.Event = field(default_factory=trio.Event)
@@ -181,6 +185,7 @@ class _TaskStatus:
         entry = self._entry
         entry.state = "running"
         entry.start_value = value
+        entry.started = True
         entry.first_outcome.set()
         log.info("service started", v=2, service=entry.service.name, restarts=entry.restarts)
 
@@ -238,6 +243,10 @@ class Supervisor:
         await entry.first_outcome.wait()
         if entry.state == "failed" and entry.start_error is not None:
             raise ServiceFailed(service.name, entry.start_error)
+        if not entry.started and entry.scope.cancel_called:
+            raise SupervisorStopping(
+                f"service {go_quote(service.name)} was stopped before it started"
+            )
         return entry.start_value
 
     def status(self) -> dict[str, ServiceStatus]:
@@ -443,16 +452,7 @@ class Supervisor:
         try:
             with scope:
                 await startup(self)
-        except BaseException as exc:
-            if isinstance(exc, BaseExceptionGroup):
-                rest = exc.split(trio.Cancelled)[1]
-                if rest is None:
-                    raise
-                exc = rest
-            elif isinstance(exc, trio.Cancelled):
-                raise
-            if not isinstance(exc, Exception | BaseExceptionGroup):
-                raise
+        except Exception as exc:  # groups from nurseries in startup included
             self.fail(describe_error(exc))
             return
         if not scope.cancelled_caught:
@@ -469,6 +469,26 @@ class Supervisor:
             else:
                 log.warning("second signal while stopping; not waiting any longer", signal=name)
                 self._hurry_stop()
+
+
+async def run_daemon(
+    startup: Callable[[Supervisor], Awaitable[object]],
+    *,
+    supervisor: Supervisor | None = None,
+    exit_process: Callable[[int], object] = os._exit,
+    signal_receiver: SignalReceiver = trio.open_signal_receiver,
+) -> int:
+    """The daemon's async main: ``run_until_signal``, and when a service had to be
+    abandoned, flush the logs and leave the process with ``exit_process(code)`` right
+    away, because ``trio.run`` would otherwise wait for that task forever."""
+    sup = supervisor or Supervisor()
+    code = await sup.run_until_signal(startup, signal_receiver=signal_receiver)
+    if sup.abandoned:
+        log.error("exiting with services still running", services=",".join(sup.abandoned))
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        exit_process(code)
+    return code
 
 
 def _signal_name(signum: int) -> str:
