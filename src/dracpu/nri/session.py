@@ -28,11 +28,12 @@ import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import trio
 from google.protobuf.message import DecodeError, Message
 
+from dracpu.cpuset import CPUSet
 from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.errors import FrameTooLarge, ProtocolError
@@ -262,6 +263,24 @@ def _serialize(message: Message) -> bytes:
     return bytes(message.SerializeToString())
 
 
+def _fill_updates(target: Any, updates: Sequence[Update]) -> None:
+    """Append `updates` to a repeated ContainerUpdate field (in place: much faster than
+    building each nested message with keyword arguments, which counts at 1,000 updates)."""
+    formatted: dict[CPUSet, str] = {}
+    for update in updates:
+        cpus = formatted.get(update.cpus)
+        if cpus is None:
+            cpus = formatted[update.cpus] = update.cpus.format()
+        message = target.add()
+        message.container_id = update.container_id
+        cpu = message.linux.resources.cpu
+        cpu.cpus = cpus
+        if update.mems:
+            cpu.mems = update.mems
+        if update.ignore_failure:
+            message.ignore_failure = True
+
+
 def update_to_proto(update: Update) -> api_pb2.ContainerUpdate:
     return api_pb2.ContainerUpdate(
         container_id=update.container_id,
@@ -484,7 +503,8 @@ class NRISession:
             len(updates),
         )
         self._sync_done = True
-        response = api_pb2.SynchronizeResponse(update=[update_to_proto(u) for u in updates])
+        response = api_pb2.SynchronizeResponse()
+        _fill_updates(response.update, updates)
         return _serialize(response)
 
     def _create_container(self, payload: bytes) -> bytes:
@@ -498,8 +518,8 @@ class NRISession:
                     )
                 )
             ),
-            update=[update_to_proto(u) for u in decision.updates],
         )
+        _fill_updates(response.update, decision.updates)
         return _serialize(response)
 
     def _stop_container(self, payload: bytes) -> bytes:
@@ -538,7 +558,8 @@ class NRISession:
         if peer is None or not self.is_synchronized:
             failed, reason = list(updates), "NRI session down"
         else:
-            request = api_pb2.UpdateContainersRequest(update=[update_to_proto(u) for u in updates])
+            request = api_pb2.UpdateContainersRequest()
+            _fill_updates(request.update, updates)
             try:
                 payload = await peer.call(
                     RUNTIME_SERVICE,

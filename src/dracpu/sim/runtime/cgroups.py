@@ -33,16 +33,20 @@ class CgroupTree:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.cpuset_root = self.root / "cpuset"
+        self._root_str = str(self.cpuset_root)
+        self._cache: dict[tuple[str, str], CPUSet] = {}
 
-    def path_of(self, cgroups_path: str) -> Path:
-        """The directory of a cgroupfs-driver ``cgroups_path``; refuses escapes."""
-        rel = cgroups_path.strip("/")
-        parts = [p for p in rel.split("/") if p]
+    def _parts(self, cgroups_path: str) -> list[str]:
+        parts = [p for p in cgroups_path.split("/") if p]
         if any(p in (".", "..") for p in parts) or ":" in cgroups_path:
             raise CgroupTreeError(
                 errno.EINVAL, f"cgroups path {cgroups_path!r} is not a cgroupfs path in the tree"
             )
-        return self.cpuset_root.joinpath(*parts)
+        return parts
+
+    def path_of(self, cgroups_path: str) -> Path:
+        """The directory of a cgroupfs-driver ``cgroups_path``; refuses escapes."""
+        return self.cpuset_root.joinpath(*self._parts(cgroups_path))
 
     def ensure_root(self, cpus: str, mems: str) -> None:
         """Create the hierarchy root holding every CPU and memory node of the node."""
@@ -53,13 +57,15 @@ class CgroupTree:
                 target.write_text(value + "\n")
 
     @staticmethod
-    def _read(directory: Path, name: str) -> CPUSet:
+    def _read(directory: str | Path, name: str) -> CPUSet:
+        path = os.path.join(directory, name)
         try:
-            return CPUSet.parse((directory / name).read_text().strip())
+            with open(path) as f:
+                return CPUSet.parse(f.read().strip())
         except FileNotFoundError:
             return CPUSet()
         except CPUSetParseError as exc:
-            raise CgroupTreeError(errno.EINVAL, f"{directory / name}: {exc}") from exc
+            raise CgroupTreeError(errno.EINVAL, f"{path}: {exc}") from exc
 
     def _chain(self, directory: Path) -> list[Path]:
         """Ancestors below the hierarchy root, top down, ending with `directory`."""
@@ -79,13 +85,14 @@ class CgroupTree:
                 continue
             cgroup.mkdir()
             for name in _FILES:
-                parent_value = (cgroup.parent / name).read_text()
-                (cgroup / name).write_text(parent_value)
+                parent_value = (cgroup.parent / name).read_text().strip()
+                self._put(cgroup / name, parent_value)
         return directory
 
     def write(self, cgroups_path: str, *, cpus: str = "", mems: str = "") -> None:
         """Set the cgroup's ``cpuset.cpus`` / ``cpuset.mems`` (empty = leave alone)."""
-        directory = self.ensure(cgroups_path)
+        directory = "/".join([self._root_str, *self._parts(cgroups_path)])
+        parent = directory.rpartition("/")[0]
         for name, text in zip(_FILES, (cpus, mems), strict=True):
             if not text:
                 continue
@@ -95,18 +102,49 @@ class CgroupTree:
                 raise CgroupTreeError(errno.EINVAL, f"{name} {text!r}: {exc}") from exc
             if not value:
                 raise CgroupTreeError(errno.EINVAL, f"{name} of {cgroups_path} cannot be empty")
-            top = self._read(self.cpuset_root, name)
+            top = self._cached(self._root_str, name)
             if not value <= top:
                 raise CgroupTreeError(
                     errno.EINVAL,
                     f"{name} {value} of {cgroups_path} is not within the node's {top}",
                 )
-            if not value <= self._read(directory.parent, name):
-                for ancestor in self._chain(directory)[:-1]:
-                    held = self._read(ancestor, name)
-                    if not value <= held:
-                        (ancestor / name).write_text((held | value).format() + "\n")
-            (directory / name).write_text(value.format() + "\n")
+            if not value <= self._cached(parent, name):
+                # Missing, or widened by another writer meanwhile: look again before widening.
+                self.ensure(cgroups_path)
+                self._cache.pop((parent, name), None)
+                if not value <= self._cached(parent, name):
+                    for ancestor in self._chain(self.path_of(cgroups_path))[:-1]:
+                        held = self._read(ancestor, name)
+                        if not value <= held:
+                            self._put(os.path.join(ancestor, name), (held | value).format())
+                            self._cache[(str(ancestor), name)] = held | value
+            leaf = f"{directory}/{name}"
+            try:
+                self._put(leaf, value.format())
+            except FileNotFoundError:
+                self.ensure(cgroups_path)
+                self._put(leaf, value.format())
+
+    def _cached(self, directory: str, name: str) -> CPUSet:
+        # Ancestors change only by widening (ours, or a fallback writer's), so a cached
+        # value is at worst narrower than the file: a miss re-reads it before acting.
+        key = (directory, name)
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = self._read(directory, name)
+        return value
+
+    @staticmethod
+    def _put(path: str | Path, text: str) -> None:
+        # No O_TRUNC: truncating to zero makes ext4 flush on close (auto_da_alloc), which a
+        # cgroupfs write never costs.
+        data = (text + "\n").encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
 
     def read(self, cgroups_path: str, name: str = "cpuset.cpus") -> str:
         return (self.path_of(cgroups_path) / name).read_text().strip()
@@ -118,6 +156,7 @@ class CgroupTree:
             return
         for name in _FILES:
             (directory / name).unlink(missing_ok=True)
+            self._cache.pop((str(directory), name), None)
         try:
             directory.rmdir()
         except OSError as exc:
