@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dracpu.http import HTTPApp, HTTPLimits, ServerConnection, Step
 
@@ -222,3 +224,47 @@ def test_data_after_close_is_ignored() -> None:
     feed(core, b"GET /healthz HTTP/1.0\r\n\r\n")
     core.receive_data(b"more")
     assert core.step() == Step(close=True)
+
+
+# -- fuzz: whatever arrives, the core answers or closes, and never raises ---------------
+
+_PIECES = st.sampled_from(
+    [
+        b"GET /healthz HTTP/1.1\r\n",
+        b"HEAD /metrics HTTP/1.0\r\n",
+        b"POST /readyz HTTP/1.1\r\n",
+        b"Host: x\r\n",
+        b"Content-Length: 3\r\n",
+        b"Content-Length: -1\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Connection: close\r\n",
+        b"\r\n",
+        b"abc",
+        b"3\r\nabc\r\n0\r\n\r\n",
+        b"\x00\xff",
+        b" ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(st.one_of(_PIECES, st.binary(max_size=40)), max_size=12),
+    eof=st.booleans(),
+)
+def test_fuzzed_input_never_raises(chunks: list[bytes], eof: bool) -> None:
+    core = make(HTTPLimits(max_header_bytes=256, max_body_bytes=16))
+    closed = False
+    for chunk in [*chunks, *([b""] if eof else [])]:
+        core.receive_data(chunk)
+        while not closed:
+            step = core.step()
+            if step.data:
+                assert step.data.startswith(b"HTTP/1.1 ")
+            if step.close:
+                closed = True
+            if step.need_data:
+                break
+    if not closed:
+        final = core.timed_out()
+        assert final.close
