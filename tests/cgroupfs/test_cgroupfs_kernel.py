@@ -237,8 +237,9 @@ async def test_watcher_wakes_on_kernel_inotify(kernel_pod: KernelPod) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(watcher.run)
         with trio.fail_after(10):
-            while allowed_cpus(kernel_pod.pid) != CPUSet([last]):
+            while watcher.state().watched_dirs == 0:  # first check done, watches set
                 await trio.sleep(0.01)
+        assert allowed_cpus(kernel_pod.pid) == CPUSet([last])
         write_cgroup_file(str(kernel_pod.leaf / "cpuset.cpus"), str(first))
         with trio.fail_after(10):
             while allowed_cpus(kernel_pod.pid) != CPUSet([last]):

@@ -223,13 +223,29 @@ def test_v2_systemd_tree(tmp_path: Path) -> None:
     assert read(unknown / "cpuset.cpus") == "4-7"
 
 
+def test_unusable_root_is_one_clear_error(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    w = DriftWatcher(
+        CgroupWriter(str(tmp_path / "nope")),
+        lambda: [intent("c1")],
+        lambda: "0",
+        metrics=DriverMetrics(registry),
+    )
+    report = w.check_once()
+    assert report.errors == 1
+    assert report.error_messages[0].startswith(f"cannot read cgroup root '{tmp_path}/nope'")
+    assert w.checks == 1
+
+
 def test_report_is_encodable_for_debug_state(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=1)
     w = tree.watcher()
     w.check_once()
-    doc = msgspec.json.decode(msgspec.json.encode(w.last_report))
-    assert doc["checked"] == 1
-    assert doc["unknown_confined"] == 0
+    doc = msgspec.json.decode(msgspec.json.encode(w.state()))
+    assert doc["checks"] == 1
+    assert doc["inotify"] is False
+    assert doc["last_report"]["checked"] == 1
+    assert doc["last_report"]["unknown_confined"] == 0
 
 
 # -- the Trio loop ------------------------------------------------------------------------
@@ -282,7 +298,7 @@ async def test_inotify_wakes_the_watcher(tmp_path: Path) -> None:
     w = tree.watcher(interval=3600.0, offload=True, use_inotify=True, settle=0.01)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run)
-        while w.checks < 1:
+        while w.state().watched_dirs == 0:  # first check done, watches set
             await trio.sleep(0.01)
         (tree.leaf(1) / "cpuset.cpus").write_text("7\n")
         with trio.fail_after(10):
@@ -294,7 +310,11 @@ async def test_inotify_wakes_the_watcher(tmp_path: Path) -> None:
             while read(new / "cpuset.cpus") != "2-7":
                 await trio.sleep(0.01)
         assert w.checks >= 3
+        state = w.state()
+        assert state.inotify
+        assert state.watched_dirs >= 5  # kubepods, two pods, their two containers
         nursery.cancel_scope.cancel()
+    assert not w.state().inotify
 
 
 async def test_offloaded_check_runs_in_a_thread(tmp_path: Path) -> None:
@@ -307,3 +327,36 @@ async def test_offloaded_check_runs_in_a_thread(tmp_path: Path) -> None:
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert w.last_report is not None and w.last_report.repaired == 1
+
+
+async def test_change_during_a_check_triggers_another(tmp_path: Path) -> None:
+    # Real clock: the wake-up comes from the kernel.
+    if open_inotify() is None:
+        pytest.skip("no inotify on this platform")
+    tree = Tree(tmp_path, n=2)
+    calls = 0
+
+    def pool() -> str:
+        # Called after the known containers were read: a change now is news for later.
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+        return tree.pool
+
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)), lambda: tree.intents, pool, interval=3600.0, settle=0.01
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        while w.state().watched_dirs == 0:
+            await trio.sleep(0.01)
+        w.poke()
+        with trio.fail_after(10):
+            while w.checks < 3 or read(tree.leaf(0) / "cpuset.cpus") != "0-1":
+                await trio.sleep(0.01)
+        assert w.last_report is not None and w.last_report.repaired == 1
+        # Its own repair echoes back through inotify but starts no further check.
+        await trio.sleep(0.3)
+        assert w.checks == 3
+        nursery.cancel_scope.cancel()

@@ -7,6 +7,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -383,3 +385,44 @@ async def test_run_fallback_reports_mismatch_as_failure(tmp_path: Path) -> None:
     assert result.ok is False
     assert result.error == f"{leaf}: effective cpus '0-7' differ from intended '3'"
     assert _counter(registry, "error") == 1
+
+
+def test_widening_reads_the_parent_fresh_within_a_batch(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    pod = make_cgroup(h, "kubepods/podp1", cpus="0-3")
+    make_cgroup(h, "kubepods/podp1/c1", cpus="0-3")
+    make_cgroup(h, "kubepods/podp1/c2", cpus="0-3")
+
+    def intents() -> Iterator[ContainerIntent]:
+        yield intent("c1", cpus="1")
+        # The kubelet widens the pod between two writes of the batch.
+        (pod / "cpuset.cpus").write_text("0-7\n")
+        yield intent("c2", cpus="5")
+
+    results = CgroupWriter(str(root)).write_many(intents())
+    assert all(not isinstance(r, Exception) and r.ok for _, r in results)
+    assert read(pod / "cpuset.cpus") == "0-7"  # not written back as the stale 0-3 plus 5
+
+
+def test_concurrent_writers_keep_both_widenings(tmp_path: Path) -> None:
+    root = v1_root(tmp_path, cpus="0-63")
+    h = root / "cpuset"
+    pod = make_cgroup(h, "kubepods/podp1", cpus="0")
+    for c in ("a", "b"):
+        make_cgroup(h, f"kubepods/podp1/{c}", cpus="0")
+    writer = CgroupWriter(str(root))
+
+    def run(cid: str, cpus: range) -> None:
+        for cpu in cpus:
+            writer.write(intent(cid, cpus=str(cpu)))
+
+    threads = [
+        threading.Thread(target=run, args=("a", range(1, 32))),
+        threading.Thread(target=run, args=("b", range(32, 64))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert read(pod / "cpuset.cpus") == "0-63"

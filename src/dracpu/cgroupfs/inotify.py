@@ -15,7 +15,16 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["IN_CREATE", "IN_IGNORED", "IN_MODIFY", "IN_MOVED_TO", "Inotify", "open_inotify"]
+__all__ = [
+    "IN_CREATE",
+    "IN_IGNORED",
+    "IN_MODIFY",
+    "IN_MOVED_TO",
+    "Inotify",
+    "InotifyEvent",
+    "decode_events",
+    "open_inotify",
+]
 
 IN_MODIFY = 0x00000002
 IN_MOVED_TO = 0x00000080
@@ -88,6 +97,9 @@ class Inotify:
         for path in wanted:
             if not self.watch(path) and self.exhausted:
                 return
+
+    def path_of(self, wd: int) -> str | None:
+        return self._paths.get(wd)
 
     @property
     def watched(self) -> int:

@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import msgspec
 import trio
 
-from dracpu.cgroupfs.inotify import Inotify, open_inotify
+from dracpu.cgroupfs.inotify import IN_IGNORED, Inotify, InotifyEvent, open_inotify
 from dracpu.cgroupfs.paths import CgroupPathError
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, WriteOutcome
 from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
 
-__all__ = ["DriftReport", "DriftWatcher", "find_drift", "is_container_dir"]
+__all__ = ["DriftReport", "DriftWatcher", "WatcherState", "find_drift", "is_container_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,16 @@ class DriftReport(msgspec.Struct, frozen=True, kw_only=True):
     unknown_confined: int = 0
     missing: int = 0
     error_messages: tuple[str, ...] = ()
+
+
+class WatcherState(msgspec.Struct, frozen=True, kw_only=True):
+    """The watcher's part of ``/debug/state``."""
+
+    interval: float
+    checks: int
+    inotify: bool
+    watched_dirs: int
+    last_report: DriftReport | None
 
 
 def find_drift(
@@ -114,12 +124,22 @@ class DriftWatcher:
         self._scanned_dirs: list[str] = []
         self._wakeup = trio.Event()
         self._checking = False
+        self._held_events: list[InotifyEvent] = []
+        self._written_dirs: set[str] = set()
+        self._inotify_active = False
+        self._watched_dirs = 0
 
     # -- one check ----------------------------------------------------------------------
     def check_once(self) -> DriftReport:
-        """Read, compare, repair: one full pass. Never raises for a single bad container."""
+        """Read, compare, repair: one full pass. Never raises for a bad container or tree."""
+        try:
+            self.writer.layout  # noqa: B018 - detect once, so a bad root is one clear error
+        except CgroupPathError as exc:
+            log.warning("drift check skipped: %s", exc)
+            return self._finish(DriftReport(errors=1, error_messages=(str(exc),)))
         writer = self.writer
         errors: list[str] = []
+        self._written_dirs = set()
         intents = list(self._intents())
         known_dirs: set[str] = set()
         effective: dict[str, CPUSet] = {}
@@ -161,15 +181,29 @@ class DriftWatcher:
             missing=missing,
             error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
         )
+        return self._finish(report)
+
+    def _finish(self, report: DriftReport) -> DriftReport:
         if self.metrics is not None:
-            self.metrics.drifted_containers.set(len(drifted))
+            self.metrics.drifted_containers.set(report.drifted)
         self.last_report = report
         self.checks += 1
         return report
 
+    def state(self) -> WatcherState:
+        """What ``/debug/state`` shows for the watcher."""
+        return WatcherState(
+            interval=self.interval,
+            checks=self.checks,
+            inotify=self._inotify_active,
+            watched_dirs=self._watched_dirs,
+            last_report=self.last_report,
+        )
+
     def _repair(self, intents: Sequence[ContainerIntent], errors: list[str]) -> int:
         repaired = 0
         for intent, result in self.writer.write_many(intents):
+            self._note_written(result)
             if isinstance(result, Exception):
                 message = f"container {intent.container_id}: repair failed: {result}"
             elif not result.ok:
@@ -246,6 +280,7 @@ class DriftWatcher:
     def _confine(self, unknown: Sequence[ContainerIntent], errors: list[str]) -> int:
         confined = 0
         for intent, result in self.writer.write_many(unknown):
+            self._note_written(result)
             if isinstance(result, Exception):
                 message = f"unknown container {intent.cgroups_path}: {result}"
             elif not result.ok:
@@ -263,6 +298,10 @@ class DriftWatcher:
             if self.metrics is not None:
                 self.metrics.count_drift_repair("error")
         return confined
+
+    def _note_written(self, result: WriteOutcome | Exception) -> None:
+        if not isinstance(result, Exception):
+            self._written_dirs.update(w.directory for w in result.writes)
 
     # -- Trio side ----------------------------------------------------------------------
     def poke(self) -> None:
@@ -282,6 +321,7 @@ class DriftWatcher:
         try:
             async with trio.open_nursery() as nursery:
                 if notify is not None:
+                    self._inotify_active = True
                     nursery.start_soon(self._read_inotify, notify)
                 task_status.started()
                 while True:
@@ -289,9 +329,7 @@ class DriftWatcher:
                     try:
                         await self._check()
                         if notify is not None:
-                            self._watch_scanned(notify)
-                            # Our own repairs modified files we watch: not news.
-                            notify.read_events()
+                            self._after_check(notify)
                     finally:
                         self._checking = False
                     with trio.move_on_after(self.interval) as timer:
@@ -301,6 +339,7 @@ class DriftWatcher:
                         # Let a burst (mkdir, cpus, mems from one runc) land before looking.
                         await trio.sleep(self.settle)
         finally:
+            self._inotify_active = False
             if notify is not None:
                 notify.close()
 
@@ -314,9 +353,26 @@ class DriftWatcher:
                 self.interval,
             )
 
+    def _after_check(self, notify: Inotify) -> None:
+        events = self._held_events + notify.read_events()
+        self._held_events = []
+        # Events in directories this check wrote are its own repairs echoing back; any
+        # other (a write behind our back, a new cgroup) means look again.
+        foreign = [
+            ev
+            for ev in events
+            if not ev.mask & IN_IGNORED and notify.path_of(ev.wd) not in self._written_dirs
+        ]
+        self._watch_scanned(notify)
+        self._watched_dirs = notify.watched
+        if foreign:
+            self.poke()
+
     async def _read_inotify(self, notify: Inotify) -> None:
         while True:
             await trio.lowlevel.wait_readable(notify.fd)
             events = notify.read_events()
-            if events and not self._checking:
+            if self._checking:
+                self._held_events += events
+            elif events:
                 self.poke()

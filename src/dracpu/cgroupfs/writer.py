@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno as errno_mod
 import logging
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -231,6 +232,9 @@ class CgroupWriter:
         self.metrics = metrics
         self._layout = layout
         self._paths: dict[str, str] = {}
+        # The fallback loop and the watcher write from worker threads; a parent's widening
+        # is read-modify-write, so two writes must not interleave.
+        self._lock = threading.Lock()
 
     # -- paths and reads --------------------------------------------------------------
     @property
@@ -288,16 +292,24 @@ class CgroupWriter:
                 cache.values[key] = self._read_optional(key)
             return cache.values[key]
 
-        ancestors = [(d, current(d)) for d in self._ancestors(directory)]
-        limit = current(self.layout.hierarchy.rstrip("/"))
-        return plan_cpuset_writes(
-            directory,
-            file,
-            target,
-            ancestors,
-            limit=limit,
-            nested=self.layout.parents_must_contain_children,
-        )
+        def plan() -> list[CpusetWrite]:
+            return plan_cpuset_writes(
+                directory,
+                file,
+                target,
+                [(d, current(d)) for d in self._ancestors(directory)],
+                limit=current(self.layout.hierarchy.rstrip("/")),
+                nested=self.layout.parents_must_contain_children,
+            )
+
+        writes = plan()
+        if len(writes) == 1:
+            return writes
+        # A widening is computed from fresh reads, never from the batch cache: a parent
+        # changed meanwhile (by the kubelet) must not be written back narrower.
+        for w in writes[:-1]:
+            cache.values.pop(w.path, None)
+        return plan()
 
     def _apply(self, writes: Iterable[CpusetWrite], cache: _SetCache) -> None:
         for w in writes:
@@ -337,7 +349,8 @@ class CgroupWriter:
         Raises :class:`CgroupPathError`, :class:`CgroupWriteError` or
         :class:`CgroupIntentError`; a read-back mismatch is reported in the outcome.
         """
-        return self._write(intent, _SetCache())
+        with self._lock:
+            return self._write(intent, _SetCache())
 
     def write_many(
         self, intents: Iterable[ContainerIntent]
@@ -345,14 +358,17 @@ class CgroupWriter:
         """Write several containers, reading each shared ancestor once."""
         cache = _SetCache()
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
-        for intent in intents:
-            try:
-                results.append((intent, self._write(intent, cache)))
-            except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
-                # A failed write may have left the cache describing a write that did not
-                # happen; drop it rather than plan the next one on a guess.
-                cache = _SetCache()
-                results.append((intent, exc))
+        # One lock for the batch: the cached ancestor sets stay true only while no other
+        # write can change them.
+        with self._lock:
+            for intent in intents:
+                try:
+                    results.append((intent, self._write(intent, cache)))
+                except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
+                    # A failed write may have left the cache describing a write that did
+                    # not happen; drop it rather than plan the next one on a guess.
+                    cache = _SetCache()
+                    results.append((intent, exc))
         return results
 
     # -- Trio side ----------------------------------------------------------------------
