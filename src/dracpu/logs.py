@@ -12,7 +12,8 @@ format as calls through this module's small ``Logger`` wrapper::
 
 Verbosity V(n) maps to the stdlib level ``INFO - n`` (V(0) = INFO, V(6) = 14); stdlib
 ``debug`` counts as V(6). The root logger's level does the filtering, so a V(4) line costs
-one integer comparison when -v is lower.
+one integer comparison when -v is lower; ``-vmodule`` (klog syntax, ``allocator=6,nri*=4``)
+sets other limits per source file. ``v`` is the one key name a call cannot use.
 
 Keys: the operation id comes first, then ``err``, then the call's key/values; a key given
 twice on one line keeps its first position and its last value, so no line repeats a key.
@@ -21,6 +22,7 @@ twice on one line keeps its first position and its last value, so no line repeat
 from __future__ import annotations
 
 import contextvars
+import fnmatch
 import logging
 import os
 import secrets
@@ -42,6 +44,7 @@ __all__ = [
     "get_logger",
     "klog_level_for",
     "operation",
+    "parse_vmodule",
     "setup_logging",
 ]
 
@@ -315,24 +318,69 @@ class JSONFormatter(logging.Formatter):
         return self._encoder.encode(out).decode()
 
 
+def parse_vmodule(spec: str) -> tuple[tuple[str, int], ...]:
+    """klog's ``-vmodule``: comma-separated ``pattern=N``; a pattern is a glob on the source
+    file's name without ``.py`` (``allocator``, ``nri*``), or on its path if it has a ``/``."""
+    entries: list[tuple[str, int]] = []
+    for item in spec.split(","):
+        if not item:
+            continue
+        pattern, sep, level = item.partition("=")
+        if not sep or not pattern or not level.isascii() or not level.isdigit():
+            raise LogSetupError(
+                f"invalid -vmodule {go_quote(spec)}: expected comma-separated pattern=N "
+                f"entries, got {go_quote(item)}"
+            )
+        entries.append((pattern, int(level)))
+    return tuple(entries)
+
+
+class _VerbosityFilter(logging.Filter):
+    """Per-file verbosity (``-vmodule``); the first matching pattern wins."""
+
+    def __init__(self, verbosity: int, vmodule: tuple[tuple[str, int], ...]) -> None:
+        super().__init__()
+        self._verbosity = verbosity
+        self._vmodule = vmodule
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.INFO:
+            return True
+        v = _verbosity_of(record.levelno)
+        for pattern, level in self._vmodule:
+            subject = record.pathname
+            if "/" not in pattern:
+                subject = os.path.splitext(os.path.basename(subject))[0]
+            if fnmatch.fnmatchcase(subject, pattern):
+                return v <= level
+        return v <= self._verbosity
+
+
 def setup_logging(
     format: str = "text",
     verbosity: int = 0,
     stream: IO[str] | None = None,
+    *,
+    vmodule: str = "",
 ) -> logging.Handler:
     """Send every log record (stdlib calls included) to ``stream`` (default stderr) in
-    ``format``, showing info lines up to V(``verbosity``). Replaces a handler installed by
-    an earlier call; returns the new one."""
+    ``format``, showing info lines up to V(``verbosity``), or per ``vmodule`` for the files
+    it names. Replaces a handler installed by an earlier call; returns the new one."""
     if format not in LOG_FORMATS:
         raise LogSetupError(
             f"unknown log format {go_quote(format)}; supported formats: {', '.join(LOG_FORMATS)}"
         )
     if verbosity < 0:
         raise LogSetupError(f"log verbosity must be >= 0, got {verbosity}")
+    per_file = parse_vmodule(vmodule)
     formatter: logging.Formatter = KlogFormatter() if format == "text" else JSONFormatter()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
     handler.addFilter(_OpIdFilter())
+    handler.addFilter(_VerbosityFilter(verbosity, per_file))
+    # The root level lets through the most verbose line any file may show; the handler's
+    # filter then applies each file's own limit.
+    verbosity = max([verbosity, *(level for _, level in per_file)])
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()
     for old in list(root.handlers):

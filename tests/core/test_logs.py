@@ -280,3 +280,38 @@ def test_bad_setup(restore_root: None, fmt: str, verbosity: int, message: str) -
 def test_bad_verbosity_on_a_call() -> None:
     with pytest.raises(ValueError, match="verbosity must be between 0 and 6, got 7"):
         log.info("too chatty", v=7)
+
+
+def test_vmodule_raises_verbosity_for_matching_files(restore_root: None) -> None:
+    out = io.StringIO()
+    setup_logging("text", 0, out, vmodule="test_lo*=4,other=6")
+    log.info("v4 here", v=4)
+    log.info("v5 here", v=5)
+    lines = _lines(out)
+    assert len(lines) == 1 and lines[0].endswith('"v4 here"')
+
+
+def test_vmodule_can_lower_a_files_verbosity(restore_root: None) -> None:
+    out = io.StringIO()
+    setup_logging("text", 4, out, vmodule="test_logs=1")
+    log.info("v1", v=1)
+    log.info("v2", v=2)
+    log.warning("warnings always")
+    assert [line.split("] ", 1)[1] for line in _lines(out)] == ['"v1"', '"warnings always"']
+
+
+def test_vmodule_path_patterns(restore_root: None) -> None:
+    out = io.StringIO()
+    setup_logging("text", 0, out, vmodule="*/core/test_logs.py=3")
+    log.info("v3", v=3)
+    assert len(_lines(out)) == 1
+
+
+@pytest.mark.parametrize("spec", ["allocation", "=3", "nri=x", "nri=-1", "a=1,b"])
+def test_bad_vmodule(restore_root: None, spec: str) -> None:
+    bad = spec.split(",")[-1]
+    with pytest.raises(LogSetupError) as info:
+        setup_logging("text", 0, io.StringIO(), vmodule=spec)
+    assert str(info.value) == (
+        f'invalid -vmodule "{spec}": expected comma-separated pattern=N entries, got "{bad}"'
+    )
