@@ -57,6 +57,7 @@ async def sim_node(
     sim_kw: Mapping[str, Any] | None = None,
     session_kw: Mapping[str, Any] | None = None,
     node_cpus: str = "0-7",
+    plugin_kw: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[SimNode]:
     socket_path = os.path.join(sock_dir, "nri.sock")
     sim = RuntimeSimulator(socket_path, str(cgroup_root), node_cpus=node_cpus, **(sim_kw or {}))
@@ -65,7 +66,11 @@ async def sim_node(
     containers = ContainerState()
     cdi: dict[str, CPUSet] = {}
     plugin = NRIPlugin(
-        store=store, tracker=tracker, containers=containers, claim_cpus_from_cdi=lambda: cdi
+        store=store,
+        tracker=tracker,
+        containers=containers,
+        claim_cpus_from_cdi=lambda: cdi,
+        **(plugin_kw or {}),
     )
     send, receive = trio.open_memory_channel[CpusetUpdateFailed](1000)
     metrics = DriverMetrics(CollectorRegistry())

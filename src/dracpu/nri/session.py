@@ -333,7 +333,9 @@ class NRISession:
         self._update_timeout = update_timeout
         self._rand = rand or random.Random().random
         self._peer: MuxPeer | None = None
-        self._synchronized = trio.Event()
+        self._synchronized = False
+        self._sync_changed = trio.Event()
+        self._sync_done = False
         self._sync_pods: list[api_pb2.PodSandbox] = []
         self._sync_containers: list[api_pb2.Container] = []
         self.runtime_name = ""
@@ -353,10 +355,17 @@ class NRISession:
     @property
     def is_synchronized(self) -> bool:
         """True while connected and the runtime's Synchronize of this session was answered."""
-        return self._synchronized.is_set()
+        return self._synchronized
 
     async def wait_synchronized(self) -> None:
-        await self._synchronized.wait()
+        """Return once a session is synchronized (at once if one is now)."""
+        while not self._synchronized:
+            await self._sync_changed.wait()
+
+    def _set_synchronized(self, value: bool) -> None:
+        self._synchronized = value
+        self._sync_changed.set()
+        self._sync_changed = trio.Event()
 
     @property
     def connected(self) -> bool:
@@ -434,9 +443,9 @@ class NRISession:
                 nursery.start_soon(read)
                 nursery.start_soon(register)
         finally:
-            synchronized = self._synchronized.is_set()
+            synchronized = self._synchronized
             self._peer = None
-            self._synchronized = trio.Event()
+            self._set_synchronized(False)
         return reason, synchronized
 
     # -- serving the Plugin service ----------------------------------------------------------
@@ -470,7 +479,7 @@ class NRISession:
             return
         if request.method == "Synchronize" and self._sync_done:
             self._sync_done = False
-            self._synchronized.set()
+            self._set_synchronized(True)
 
     def _configure(self, payload: bytes) -> bytes:
         request = api_pb2.ConfigureRequest.FromString(payload)
@@ -483,8 +492,6 @@ class NRISession:
             request.request_timeout,
         )
         return _serialize(api_pb2.ConfigureResponse(events=EVENT_MASK))
-
-    _sync_done = False
 
     def _synchronize(self, payload: bytes) -> bytes:
         request = api_pb2.SynchronizeRequest.FromString(payload)

@@ -1,0 +1,128 @@
+"""The simulator's cgroup v1 tree (runc-style writes, kernel rules) and more simulator paths:
+memory alignment over the wire, automatic Synchronize splitting above 4 MiB, readiness."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import trio
+from nri_sim_node import sim_node
+
+from dracpu.cpuset import CPUSet
+from dracpu.sim.runtime import CgroupTree, CgroupTreeError
+
+
+def make_tree(tmp_path: Path) -> CgroupTree:
+    tree = CgroupTree(tmp_path / "cg")
+    tree.ensure_root("0-7", "0-1")
+    return tree
+
+
+def test_new_cgroups_inherit_their_parents_values(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    tree.write("/kubepods/podA", cpus="0-5")
+    tree.write("/kubepods/podA/c1", mems="1")
+    c1 = tmp_path / "cg" / "cpuset" / "kubepods" / "podA" / "c1"
+    assert (c1 / "cpuset.cpus").read_text() == "0-5\n"
+    assert (c1 / "cpuset.mems").read_text() == "1\n"
+    assert tree.read("/kubepods") == "0-7"
+
+
+def test_wider_leaf_widens_ancestors_first(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    tree.write("/kubepods/podA", cpus="0-1")
+    tree.write("/kubepods/podA/c1", cpus="0-1")
+    tree.write("/kubepods/podA/c1", cpus="0-1,6")
+    assert tree.read("/kubepods/podA") == "0-1,6"
+    assert tree.read("/kubepods/podA/c1") == "0-1,6"
+
+
+def test_parent_widened_by_another_writer_is_seen(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    tree.write("/kubepods/podA", cpus="0-1")
+    tree.write("/kubepods/podA/c1", cpus="0")
+    pod = tmp_path / "cg" / "cpuset" / "kubepods" / "podA" / "cpuset.cpus"
+    pod.write_text("0-3\n")
+    tree.write("/kubepods/podA/c1", cpus="2-3")
+    assert tree.read("/kubepods/podA") == "0-3"
+
+
+@pytest.mark.parametrize(
+    ("path", "cpus", "message"),
+    [
+        ("/kubepods/podA/c1", "0-9", "is not within the node's 0-7"),
+        ("/kubepods/podA/c1", "x", "cpuset.cpus 'x'"),
+        ("/kubepods/../../etc", "0", "is not a cgroupfs path in the tree"),
+        ("kubepods-pod.slice:cri-containerd:c1", "0", "is not a cgroupfs path in the tree"),
+    ],
+)
+def test_refused_writes(tmp_path: Path, path: str, cpus: str, message: str) -> None:
+    tree = make_tree(tmp_path)
+    with pytest.raises(CgroupTreeError) as err:
+        tree.write(path, cpus=cpus)
+    assert err.value.errno == errno.EINVAL
+    assert message in str(err.value)
+
+
+def test_remove_forgets_and_tolerates_missing(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path)
+    tree.write("/kubepods/podA/c1", cpus="1")
+    tree.remove("/kubepods/podA/c1")
+    tree.remove("/kubepods/podA/c1")
+    assert not (tmp_path / "cg" / "cpuset" / "kubepods" / "podA" / "c1").exists()
+    tree.write("/kubepods/podA/c1", cpus="2")
+    assert tree.read("/kubepods/podA/c1") == "2"
+
+
+async def test_align_memory_sets_mems_over_the_wire(sock_dir: str, tmp_path: Path) -> None:
+    def mems_of(cpus: CPUSet) -> str:
+        return "0" if cpus <= CPUSet.parse("0-3") else "0-1"
+
+    async with sim_node(
+        sock_dir,
+        tmp_path / "cg",
+        sim_kw={"node_mems": "0-1"},
+        plugin_kw={"align_memory": True, "mems_of": mems_of},
+    ) as node:
+        node.prepare("A", "0-1")
+        await node.sim.create_pod("p1", "pod")
+        g = await node.sim.create_container("p1", "app", ["DRA_CPUSET_A=0-1"])
+        s = await node.sim.create_container("p1", "side")
+        assert (node.sim.cpuset_of(g), node.sim.mems_of(g)) == ("0-1", "0")
+        assert (node.sim.cpuset_of(s), node.sim.mems_of(s)) == ("2-7", "0-1")
+
+
+async def test_synchronize_splits_above_4_mib(sock_dir: str, tmp_path: Path) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+        big = "X=" + "y" * 400_000
+        ids = []
+        for p in range(4):
+            await node.sim.create_pod(f"p{p}", f"pod{p}")
+            for c in range(3):
+                ids.append(await node.sim.create_container(f"p{p}", f"c{c}", [big]))
+        node.prepare("A", "0")
+        node.start_session()
+        await node.sim.wait_plugin_ready()
+        assert len(node.sim.sync_chunks) >= 2
+        assert [more for *_, more in node.sim.sync_chunks][-1] is False
+        assert all(more for *_, more in node.sim.sync_chunks[:-1])
+        assert {node.sim.cpuset_of(i) for i in ids} == {"1-7"}
+
+
+async def test_wait_synchronized_survives_a_session_that_never_synced(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+        # The first connection is dropped before it can synchronize.
+        node.sim.registration_timeout = 0.0
+        node.start_session()
+        with trio.move_on_after(0.2):
+            await node.session.wait_synchronized()
+        assert not node.session.is_synchronized
+        assert node.sim.dropped_reasons
+        node.sim.registration_timeout = 5.0
+        with trio.fail_after(5):
+            await node.session.wait_synchronized()
+        assert node.session.is_synchronized
