@@ -13,7 +13,13 @@ from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.inotify import IN_CREATE, IN_MODIFY, decode_events, open_inotify
-from dracpu.cgroupfs.watcher import DriftReport, DriftWatcher, find_drift, is_container_dir
+from dracpu.cgroupfs.watcher import (
+    DriftReport,
+    DriftWatcher,
+    container_id_of,
+    find_drift,
+    is_container_dir,
+)
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
@@ -74,6 +80,14 @@ def test_find_drift_compares_sets_not_strings() -> None:
 )
 def test_is_container_dir(parent: str, name: str, expected: bool) -> None:
     assert is_container_dir(parent, name) is expected
+
+
+@pytest.mark.parametrize(
+    ("leaf", "cid"),
+    [("abc123", "abc123"), ("cri-containerd-abc123.scope", "abc123"), ("crio-ff.scope", "ff")],
+)
+def test_container_id_of(leaf: str, cid: str) -> None:
+    assert container_id_of(leaf) == cid
 
 
 def test_decode_inotify_events() -> None:
@@ -185,6 +199,25 @@ def test_unknown_containers_are_confined_to_the_shared_pool(tmp_path: Path) -> N
         assert read(tree.leaf(i) / "cpuset.cpus") == "0-1"  # known: left to their intent
     assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 2
     assert w.check_once().unknown_found == 0
+
+
+def test_sandboxes_are_left_alone(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1)
+    sandbox = make_cgroup(tree.h, "kubepods/podu0/sb0", cpus="0-7")
+    sandbox_scope = make_cgroup(
+        tree.h, "kubepods.slice/kubepods-podq.slice/cri-containerd-sb1.scope", cpus="0-7"
+    )
+    stray = make_cgroup(tree.h, "kubepods/podu0/stray", cpus="0-7")
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)),
+        lambda: tree.intents,
+        lambda: tree.pool,
+        leave_alone=lambda: ["sb0", "sb1"],
+    )
+    assert w.check_once().unknown_confined == 1
+    assert read(sandbox / "cpuset.cpus") == "0-7"
+    assert read(sandbox_scope / "cpuset.cpus") == "0-7"
+    assert read(stray / "cpuset.cpus") == "2-7"
 
 
 def test_unknown_follow_the_pool_when_it_changes(tmp_path: Path) -> None:

@@ -30,7 +30,14 @@ from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
 
-__all__ = ["DriftReport", "DriftWatcher", "WatcherState", "find_drift", "is_container_dir"]
+__all__ = [
+    "DriftReport",
+    "DriftWatcher",
+    "WatcherState",
+    "container_id_of",
+    "find_drift",
+    "is_container_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +94,25 @@ def is_container_dir(parent_name: str, name: str) -> bool:
     return parent_name.startswith("pod") and not name.endswith(".slice")
 
 
+def container_id_of(leaf_name: str) -> str:
+    """Pure: the runtime's container id in a leaf cgroup's name.
+
+    cgroupfs driver: the name is the id; systemd driver: ``<prefix>-<id>.scope`` (ids are
+    hex, so the id is what follows the last dash).
+    """
+    if leaf_name.endswith(".scope"):
+        return leaf_name.removesuffix(".scope").rsplit("-", 1)[-1]
+    return leaf_name
+
+
 class DriftWatcher:
     """Periodic and event-driven drift checks over the containers dracpu knows about.
 
     ``intents`` returns every container the state owner knows with its intended cpuset;
-    ``shared_pool`` returns the current shared pool as a cpuset string. Both are called
-    once per check, from the thread the check runs in, so they must only read.
+    ``shared_pool`` returns the current shared pool as a cpuset string; ``leave_alone``
+    (optional) returns ids never to confine, such as the pod sandboxes the runtime reported
+    (dracpu never pins a sandbox). They are called once per check, from the thread the
+    check runs in, so they must only read.
     """
 
     def __init__(
@@ -107,6 +127,7 @@ class DriftWatcher:
         use_inotify: bool = True,
         offload: bool = True,
         settle: float = 0.1,
+        leave_alone: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"drift check interval must be positive, got {interval}")
@@ -119,6 +140,7 @@ class DriftWatcher:
         self.use_inotify = use_inotify
         self.offload = offload
         self.settle = settle
+        self._leave_alone = leave_alone
         self.last_report: DriftReport | None = None
         self.checks = 0
         self._scanned_dirs: list[str] = []
@@ -233,6 +255,7 @@ class DriftWatcher:
             errors.append(f"shared pool: {exc}")
             return []
         hierarchy = self.writer.layout.hierarchy.rstrip("/")
+        spared = set(self._leave_alone()) if self._leave_alone is not None else set()
         leaves: list[str] = []
         scanned: list[str] = []
         for root in self.container_roots:
@@ -241,6 +264,9 @@ class DriftWatcher:
         self._scanned_dirs = scanned + sorted(known_dirs)
         unknown = []
         for directory in leaves:
+            cid = container_id_of(posixpath.basename(directory))
+            if cid in spared:
+                continue
             try:
                 current = self.writer.read_effective_cpus(directory)
             except (CgroupWriteError, CPUSetParseError):
@@ -252,7 +278,7 @@ class DriftWatcher:
                 continue
             unknown.append(
                 ContainerIntent(
-                    container_id=posixpath.basename(directory),
+                    container_id=cid,
                     cgroups_path=directory[len(hierarchy) :],
                     cpus=pool_text,
                 )
