@@ -19,7 +19,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from conftest import DEPLOY, OVERLAYS, by_kind, kustomize
+from deploy_render import DEPLOY, OVERLAYS, by_kind, kustomize
 
 from dracpu.cli import SUBCOMMANDS
 from dracpu.config import DriverConfig, kubelet_paths, load_config
