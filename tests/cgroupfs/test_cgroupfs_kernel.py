@@ -246,3 +246,35 @@ async def test_watcher_wakes_on_kernel_inotify(kernel_pod: KernelPod) -> None:
                 await trio.sleep(0.01)
         assert watcher.checks >= 2
         nursery.cancel_scope.cancel()
+
+
+def _status_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no {name} for pid {pid}")
+
+
+def test_mems_are_written_with_cpus_on_the_kernel(kernel_pod: KernelPod) -> None:
+    last = kernel_pod.cpus[-1]
+    node = str(CPUSet.parse(kernel_pod.mems).min())
+    target = ContainerIntent(
+        container_id=kernel_pod.cid, cgroups_path=kernel_pod.cgroups_path, cpus=str(last), mems=node
+    )
+    outcome = CgroupWriter(CGROUP_ROOT).write(target)
+    assert outcome.ok
+    assert (outcome.effective_cpus, outcome.effective_mems) == (str(last), node)
+    assert _status_field(kernel_pod.pid, "Mems_allowed_list") == node
+    assert allowed_cpus(kernel_pod.pid) == CPUSet([last])
+
+
+def test_ci_turns_a_missing_hierarchy_into_a_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(globals(), "CPUSET", tmp_path / "cpuset")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true requires the real-kernel"):
+        _require_hierarchy()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no cgroup v1 cpuset hierarchy at"):
+        _require_hierarchy()
