@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from dracpu.allocation.store import AllocationStore, ClaimTracker, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
 from dracpu.cpuset import CPUSet
 from dracpu.nri.mux import Multiplexer, MuxData
 from dracpu.nri.plugin import NRIPlugin
@@ -324,3 +324,32 @@ async def test_plugin_that_never_registers_is_closed(
         assert trio.current_time() - start == pytest.approx(5.0)
         assert sim.dropped_reasons == ["plugin registration timed out"]
         await stream.aclose()
+
+
+def test_create_container_reply_golden_bytes() -> None:
+    """The CreateContainer reply payload, byte for byte (protocols.md 6.8 field numbers)."""
+    plugin, _ = make_plugin()
+    session = NRISession("/unused", plugin)
+    shared = api_pb2.CreateContainerRequest(pod=pod("p0"), container=container("p0", "s1"))
+    assert session._create_container(shared.SerializeToString()) == bytes.fromhex(
+        # adjust(1) { linux(6) { resources(2) { cpu(2) { cpus(6) = "0-7" } } } }
+        "0a0b 3209 1207 1205 3203 302d37".replace(" ", "")
+    )
+    plugin._store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
+    guaranteed = api_pb2.CreateContainerRequest(
+        pod=pod("p1"), container=container("p1", "g1", "DRA_CPUSET_A=0-3")
+    )
+    assert session._create_container(guaranteed.SerializeToString()) == bytes.fromhex(
+        "0a0b 3209 1207 1205 3203 302d33"  # adjust: cpus "0-3"
+        # update(2) { container_id(1) "s1", linux(2) { resources(1) { cpu(2) {
+        #   cpus(6) "4-7" } } }, ignore_failure(3) true }
+        "1211 0a02 7331 1209 0a07 1205 3203 342d37 1801".replace(" ", "")
+    )
+
+
+def test_synchronize_page_reply_golden_bytes() -> None:
+    plugin, _ = make_plugin()
+    session = NRISession("/unused", plugin)
+    page = api_pb2.SynchronizeRequest(pods=[pod("p1")], more=True)
+    assert session._synchronize(page.SerializeToString()) == bytes.fromhex("1001")  # more(2)
+    assert session._synchronize(b"") == b""  # final chunk, nothing to update

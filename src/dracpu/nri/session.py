@@ -401,6 +401,7 @@ class NRISession:
             on_request=self._on_request,
         )
         self._sync_pods, self._sync_containers = [], []
+        self._sync_done = False
         reason = "the runtime closed the connection"
         synchronized = False
         self._peer = peer

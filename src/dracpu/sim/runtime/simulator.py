@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -629,9 +630,13 @@ class RuntimeSimulator:
         self.tree.remove(f"/kubepods/pod{pod_uid}")
 
 
-async def main_runtime(socket_path: str, cgroup_root: str) -> None:
-    """``dracpu sim runtime``: serve until interrupted."""
-    simulator = RuntimeSimulator(socket_path, cgroup_root)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.run)
-        print(f"NRI runtime simulator listening on {socket_path}", flush=True)
+async def main_runtime(socket_path: str, cgroup_root: str, *, node_cpus: str = "0-7") -> None:
+    """``dracpu sim runtime``: serve until SIGINT or SIGTERM, then remove the socket."""
+    simulator = RuntimeSimulator(socket_path, cgroup_root, node_cpus=node_cpus)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(simulator.run)
+            print(f"NRI runtime simulator listening on {socket_path}", flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break

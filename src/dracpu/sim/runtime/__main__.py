@@ -1,0 +1,36 @@
+"""``python -m dracpu.sim.runtime --socket PATH --cgroup-root DIR``: the NRI runtime simulator
+on its own, waiting for a plugin (the same as ``dracpu sim runtime`` once the CLI wires it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+
+import trio
+
+from dracpu.sim.runtime.simulator import main_runtime
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dracpu sim runtime",
+        description="Run the simulated container runtime's NRI side (a plugin socket and a "
+        "cgroup v1 cpuset tree in a directory).",
+        epilog="example:\n  dracpu sim runtime --socket /tmp/nri/nri.sock --cgroup-root /tmp/cg",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--socket", required=True, help="unix socket to listen on")
+    parser.add_argument("--cgroup-root", required=True, help="directory of the cgroup tree")
+    parser.add_argument("--cpus", default="0-7", help="the node's CPUs (default 0-7)")
+    args = parser.parse_args(argv)
+    try:
+        trio.run(partial(main_runtime, args.socket, args.cgroup_root, node_cpus=args.cpus))
+    except OSError as err:
+        print(f"dracpu sim runtime: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
