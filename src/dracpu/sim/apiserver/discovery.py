@@ -96,6 +96,8 @@ def api_resource_list(group: str, version: str) -> dict[str, Any] | None:
         resources.append(_entry(r, r.plural, list(r.verbs), r.kind))
         if r.has_status:
             resources.append(_entry(r, f"{r.plural}/status", ["get", "patch", "update"], r.kind))
+        if r.plural == "pods":
+            resources.append(_entry(r, "pods/binding", ["create"], "Binding"))
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -109,6 +109,11 @@ def parse_route(method: str, path: str, watch: bool) -> Route:
         raise _NOT_FOUND
     name = rest[1] if len(rest) >= 2 else None
     subresource = rest[2] if len(rest) == 3 else None
+    if subresource == "binding" and resource.plural == "pods":
+        # The scheduler's path: POST a Binding, nothing else.
+        if method != "POST":
+            raise _NOT_ALLOWED
+        return Route("create", resource, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not resource.has_status):
         raise _NOT_FOUND
     if name is None:
@@ -225,6 +230,9 @@ class Handler:
                     continue_token=query.get("continue") or None,
                 ),
             )
+        if route.verb == "create" and route.subresource == "binding":
+            assert route.name is not None
+            return _json(201, store.bind(ns, route.name, _decode(request.body)))
         if route.verb == "create":
             return _json(201, store.create(r, ns, _decode(request.body)))
         assert route.name is not None

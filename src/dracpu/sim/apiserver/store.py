@@ -500,6 +500,81 @@ class ObjectStore:
         self._record("MODIFIED", resource, new, old)
         return _copy(new)  # type: ignore[no-any-return]
 
+    def bind(self, namespace: str | None, name: str, body: Any) -> Obj:
+        """``POST pods/<name>/binding``: assign an unassigned pod to a node, as the
+        scheduler does; answers a success Status (the real BindingREST's checks)."""
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body of the request was in an unknown format")
+        raw_meta, raw_target = body.get("metadata"), body.get("target")
+        meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
+        if meta.get("name", name) != name:
+            raise errors.bad_request("name in URL does not match name in Binding object")
+        target: Obj = raw_target if isinstance(raw_target, dict) else {}
+        problems: list[FieldError] = []
+        kind = target.get("kind", "")
+        if kind not in ("", "Node"):
+            problems.append(
+                FieldError(
+                    "FieldValueNotSupported",
+                    "target.kind",
+                    f'Unsupported value: "{kind}": supported values: "Node", "<empty>"',
+                )
+            )
+        if not target.get("name"):
+            problems.append(FieldError("FieldValueRequired", "target.name", "Required value"))
+        if problems:
+            raise errors.invalid("Binding", "", name, problems)
+        old = self._existing(PODS, namespace, name)
+        old_meta = old["metadata"]
+        wanted_uid = meta.get("uid")
+        if wanted_uid and wanted_uid != old_meta["uid"]:
+            raise errors.conflict(
+                "pods",
+                "",
+                name,
+                f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: "
+                f"{old_meta['uid']}",
+            )
+        node = (old.get("spec") or {}).get("nodeName")
+        if old_meta.get("deletionTimestamp"):
+            raise errors.conflict(
+                "pods/binding",
+                "",
+                name,
+                f"pod {name} is being deleted, cannot be assigned to a host",
+            )
+        if node:
+            raise errors.conflict(
+                "pods/binding", "", name, f'pod {name} is already assigned to node "{node}"'
+            )
+        new = _copy(old)
+        new.setdefault("spec", {})["nodeName"] = target["name"]
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and annotations:
+            new["metadata"]["annotations"] = {
+                **(new["metadata"].get("annotations") or {}),
+                **annotations,
+            }
+        status = new.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": _format_time(self.clock()),
+            }
+        )
+        status["conditions"] = conditions
+        self._commit_update(PODS, old, new)
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+
     def patch(
         self,
         resource: ResourceType,
