@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint proto proto-check bench clean
+.PHONY: demo test lint proto proto-check bench clean docs-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,3 +34,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Every command and example in docs/ (tests/docs; see docs/development.md).
+docs-check: $(STAMP)
+	$(BIN)/python -m pytest tests/docs -q
