@@ -436,25 +436,54 @@ SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
 
 
 def _start_daemon(explicit: dict[str, object]) -> NoReturn:
-    """Resolve and log the configuration (behavior.md §3.3, §16 steps 1-3)."""
+    """`dracpu run`: resolve the configuration (behavior.md §3.3, §16), then run the daemon
+    until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+    import trio
+
     from dracpu.config import (
         ConfigError,
         config_dump_yaml,
         deprecated_flags_set,
         load_config,
         parse_reserved_cpus,
+        resolve_node_name,
     )
+    from dracpu.daemon.app import Daemon
+    from dracpu.k8s.client import K8sError, KubeClient
+    from dracpu.logs import LogSetupError, get_logger, setup_logging
+    from dracpu.nursery.supervisor import run_daemon
 
+    try:
+        setup_logging(
+            str(explicit.get("log-format", "text")),
+            int(explicit.get("v", 0)),  # type: ignore[call-overload]
+            vmodule=str(explicit.get("vmodule", "")),
+        )
+    except LogSetupError as err:
+        raise CLIError(str(err)) from err
+    log = get_logger("dracpu")
     for flag, field in deprecated_flags_set(explicit):
-        print(f'"flag is deprecated" flag="{flag}" driverConfigField="{field}"', file=sys.stderr)
+        log.warning("flag is deprecated", flag=flag, driverConfigField=field)
     try:
         config = load_config(str(explicit.get("config", "")), explicit)
         parse_reserved_cpus(config)
+        node_name = resolve_node_name(config)
     except ConfigError as err:
+        log.error("failed to run", err=f"failed to load configuration: {err}")
         raise CLIError(f"failed to load configuration: {err}") from err
-    dump = config_dump_yaml(config).rstrip("\n").replace("\n", "\n  ")
-    print(f'"configuration successfully loaded" config=\n  {dump}', file=sys.stderr)
-    raise CLIError("the node daemon is not built yet; see README.md for what works today")
+    log.info("configuration successfully loaded", config=config_dump_yaml(config))
+    try:
+        kube = KubeClient.from_kubeconfig(config.kubeconfig or None)
+    except K8sError as err:
+        log.error("failed to run", err=err)
+        raise CLIError(f"failed to create the Kubernetes client: {err}") from err
+    proc_root = str(_host_path("proc"))
+    daemon = Daemon(config, kube=kube, node_name=node_name, proc_root=proc_root)
+    try:
+        code = trio.run(run_daemon, daemon.startup)
+    finally:
+        kube.close()
+    raise SystemExit(code)
 
 
 class _UsageError(Exception):
@@ -514,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.code
     except KeyboardInterrupt:
         return 130
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
 
 
 def gatherinfo_main() -> int:

@@ -1,0 +1,425 @@
+"""`dracpu run`: the services of one node, started in order under the root supervisor.
+
+Start order (ARCHITECTURE.md): HTTP endpoints (so ``/healthz`` says 503 while starting) →
+topology and devices → state restore (checkpoint + CDI specs) → the kubelet sockets and the
+NRI session side by side, neither waiting for the other, with the cgroupfs fallback writer
+and drift watcher beside them → ResourceSlice publication. ``/readyz`` turns ready once the
+kubelet registered the plugin, the runtime synchronized and the slices are published.
+
+The allocation stores have one owner, ``NodeState``. The kubelet service and the NRI plugin
+call their synchronous methods; this module adds the glue between them: after a prepare
+or unprepare changes the shared pool, a task of its own sends the shared containers their
+new cpuset (never from inside an NRI request), and changes that arrive through NRI
+Synchronize are checkpointed too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from dracpu import cdi
+from dracpu.allocation.store import AllocationStore
+from dracpu.cgroupfs.watcher import DriftWatcher
+from dracpu.cgroupfs.writer import CgroupWriter
+from dracpu.config import DriverConfig, config_fingerprint, parse_reserved_cpus
+from dracpu.cpuset import CPUSet
+from dracpu.daemon.recovery import RecoveryPlan
+from dracpu.daemon.state import NodeState, read_boot_id
+from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
+from dracpu.http.address import parse_bind_address
+from dracpu.http.app import HTTPApp
+from dracpu.http.server import serve_http
+from dracpu.introspect import topology_document
+from dracpu.k8s.client import K8sError, KubeClient
+from dracpu.k8s.nodes import get_node_uid
+from dracpu.k8s.slices import SliceReconciler
+from dracpu.kubelet.claims import ApiClaimSource
+from dracpu.kubelet.dra import DRAService
+from dracpu.kubelet.health import HealthService
+from dracpu.kubelet.plugin import KubeletPlugin
+from dracpu.logs import get_logger
+from dracpu.messages import CpusetUpdateFailed
+from dracpu.metrics import DriverMetrics
+from dracpu.nri.plugin import NRIPlugin
+from dracpu.nri.session import NRISession
+from dracpu.nursery.supervisor import Service, Supervisor
+from dracpu.topology.discover import discover_from_root
+from dracpu.topology.model import Topology
+
+__all__ = ["Daemon", "DaemonError"]
+
+log = get_logger("dracpu.daemon")
+
+READY_REGISTRATION = "kubelet-registration"
+READY_NRI = "nri"
+READY_SLICES = "slices"
+# How often changes made outside prepare/unprepare (NRI Synchronize) reach the checkpoint.
+PERSIST_POLL = 1.0
+# Shorter than the supervisor's 5 s so a draining gRPC server is never abandoned.
+GRPC_GRACE = 4.0
+
+
+class DaemonError(Exception):
+    """The daemon cannot start; the message says which step failed and why."""
+
+
+class Daemon:
+    """One node's driver. The constructor does no I/O; ``startup`` does it all."""
+
+    def __init__(
+        self,
+        config: DriverConfig,
+        *,
+        kube: KubeClient,
+        node_name: str,
+        proc_root: str = "/proc",
+        registry: CollectorRegistry | None = None,
+        drift_interval: float = 10.0,
+        slice_resync: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.node_name = node_name
+        self.proc_root = proc_root
+        self.registry = registry or CollectorRegistry()
+        self.metrics = DriverMetrics(self.registry)
+        self.drift_interval = drift_interval
+        self.slice_resync = slice_resync
+        self.supervisor: Supervisor | None = None
+        self.topology: Topology | None = None
+        self.inventory: DeviceInventory | None = None
+        self.state: NodeState | None = None
+        self.recovery: RecoveryPlan | None = None
+        self.kubelet: KubeletPlugin | None = None
+        self.session: NRISession | None = None
+        self.plugin: NRIPlugin | None = None
+        self.writer: CgroupWriter | None = None
+        self.watcher: DriftWatcher | None = None
+        self.slices: SliceReconciler | None = None
+        self.http_port: int | None = None
+        self.debug_port: int | None = None
+        self.main_app = HTTPApp(
+            registry=self.registry,
+            readiness=self.readiness,
+            readiness_reasons=self.readiness_reasons,
+        )
+        self._pool_changed = trio.Event()
+        self._failed_send, self._failed_recv = trio.open_memory_channel[CpusetUpdateFailed](256)
+
+    # -- readiness and debug state ------------------------------------------------------
+
+    def readiness(self) -> dict[str, bool]:
+        return {
+            READY_REGISTRATION: bool(self.kubelet and self.kubelet.registration.registered),
+            READY_NRI: bool(self.session and self.session.is_synchronized),
+            READY_SLICES: bool(self.slices and self.slices.is_published),
+        }
+
+    def readiness_reasons(self) -> dict[str, str]:
+        reasons: dict[str, str] = {}
+        ready = self.readiness()
+        if not ready[READY_REGISTRATION]:
+            error = self.kubelet.registration.last_error if self.kubelet else None
+            reasons[READY_REGISTRATION] = (
+                f"rejected by the kubelet: {error}" if error else "waiting for the kubelet"
+            )
+        if not ready[READY_NRI]:
+            connected = self.session is not None and self.session.connected
+            reasons[READY_NRI] = "not synchronized" if connected else "runtime not connected"
+        if not ready[READY_SLICES]:
+            error = self.slices.last_error if self.slices else None
+            reasons[READY_SLICES] = f"not published: {error}" if error else "not published yet"
+        return reasons
+
+    def debug_state(self) -> dict[str, Any]:
+        """The JSON of ``/debug/state``; also what `dracpu map` draws."""
+        doc: dict[str, Any] = {"node": self.node_name, "ready": self.readiness()}
+        if self.topology is not None:
+            topo = self.topology
+            doc["topology"] = topology_document(topo)
+            doc["summary"] = {
+                "cpus": topo.num_cpus,
+                "cores": topo.num_cores,
+                "sockets": topo.num_sockets,
+                "numaNodes": topo.num_numa_nodes,
+                "l3Caches": topo.num_uncore_caches,
+                "smt": topo.smt_enabled,
+            }
+        if self.state is not None:
+            store = self.state.store
+            owners = self.state.tracker.owners()
+            doc["reserved"] = store.reserved.format()
+            doc["sharedPool"] = store.shared_pool.format()
+            doc["claims"] = [
+                {
+                    "uid": r.uid,
+                    "namespace": r.namespace,
+                    "name": r.name,
+                    "cpus": r.cpus.format(),
+                    "owner": (
+                        {"podUID": owners[r.uid].pod_uid, "container": owners[r.uid].container_name}
+                        if r.uid in owners
+                        else None
+                    ),
+                }
+                for r in sorted(store.records(), key=lambda r: r.uid)
+            ]
+            doc["checkpoint"] = {
+                "writes": self.state.checkpoint_writes,
+                "lastError": self.state.last_error or None,
+            }
+        if self.plugin is not None:
+            doc["containers"] = [
+                {
+                    "id": i.container_id,
+                    "podUID": i.pod_uid,
+                    "name": i.name,
+                    "cpus": i.cpus,
+                    "cgroupsPath": i.cgroups_path,
+                }
+                for i in self.plugin.intents()
+            ]
+        if self.recovery is not None:
+            doc["recovery"] = {"source": str(self.recovery.source), "notes": self.recovery.notes}
+        if self.watcher is not None:
+            doc["drift"] = self.watcher.state()
+        if self.slices is not None:
+            doc["slices"] = self.slices.status()
+        if self.session is not None:
+            doc["nri"] = {
+                "connected": self.session.connected,
+                "synchronized": self.session.is_synchronized,
+                "sessions": self.session.sessions,
+                "runtime": f"{self.session.runtime_name} {self.session.runtime_version}".strip(),
+            }
+        if self.kubelet is not None:
+            reg = self.kubelet.registration
+            doc["registration"] = {"registered": reg.registered, "lastError": reg.last_error}
+        if self.supervisor is not None:
+            doc["services"] = self.supervisor.status()
+        return doc
+
+    # -- start-up -----------------------------------------------------------------------
+
+    def _build_node(self) -> None:
+        """Topology, devices and the allocation store (blocking: reads sysfs)."""
+        cfg = self.config
+        try:
+            reserved = parse_reserved_cpus(cfg)
+            topo = discover_from_root(
+                cfg.sysfsRoot,
+                overlay=cfg.sysfsOverlay or None,
+                expose_pcie_roots=cfg.exposePCIeRoots,
+            )
+            settings = DeviceSettings(
+                mode=cfg.cpuDeviceMode,  # type: ignore[arg-type]
+                group_by=cfg.groupBy,  # type: ignore[arg-type]
+                reserved=reserved,
+                expose_pcie_roots=cfg.exposePCIeRoots,
+                publish_node_allocatable=cfg.publishNodeAllocatableResourceMapping,
+            )
+            inventory = build_inventory(topo, settings)
+        except Exception as exc:
+            raise DaemonError(f"driver failed to initialize: {exc}") from exc
+        if not topo.cpus:
+            raise DaemonError("driver failed to initialize: no CPU topology discovered")
+        self.topology = topo
+        self.inventory = inventory
+        store = AllocationStore(topo.all_cpus - reserved, reserved)
+        self.state = NodeState(
+            store=store,
+            state_dir=cfg.stateDir,
+            boot_id=read_boot_id(self.proc_root),
+            config_fingerprint=config_fingerprint(cfg),
+            metrics=self.metrics,
+        )
+        log.info(
+            "discovered CPU topology",
+            cpus=topo.num_cpus,
+            sockets=topo.num_sockets,
+            numaNodes=topo.num_numa_nodes,
+            devices=len(inventory.devices),
+            reserved=reserved.format(),
+        )
+
+    def _restore(self) -> None:
+        assert self.state is not None
+        try:
+            self.recovery = self.state.restore(self.config.cdiDir)
+        except Exception as exc:
+            raise DaemonError(f"driver failed to restore its state: {exc}") from exc
+
+    def _pool_changed_now(self) -> None:
+        self._pool_changed.set()
+
+    def _claims_key(self) -> tuple[tuple[str, int], ...]:
+        assert self.state is not None
+        return tuple((r.uid, r.cpus.mask) for r in self.state.store.records())
+
+    async def startup(self, sup: Supervisor) -> None:
+        """Start every service in order; ``run_daemon(daemon.startup)`` runs the daemon."""
+        self.supervisor = sup
+        cfg = self.config
+        try:
+            host, port = parse_bind_address(cfg.bindAddress)
+            debug_host, debug_port = parse_bind_address(cfg.debugAddress)
+        except ValueError as exc:
+            raise DaemonError(str(exc)) from exc
+        self.http_port = await sup.start(
+            Service(name="http", run=partial(serve_http, host, port, self.main_app))
+        )
+        debug_app = HTTPApp.debug_only(self.debug_state)
+        self.debug_port = await sup.start(
+            Service(name="debug-http", run=partial(serve_http, debug_host, debug_port, debug_app))
+        )
+        log.info("serving HTTP", bindAddress=cfg.bindAddress, port=self.http_port)
+
+        await trio.to_thread.run_sync(self._build_node)
+        await trio.to_thread.run_sync(self._restore)
+        assert self.state is not None and self.topology is not None
+        assert self.inventory is not None
+        state, topo, inventory = self.state, self.topology, self.inventory
+
+        dra = DRAService(
+            claims=ApiClaimSource(self.kube, pool=self.node_name),
+            store=state.store,
+            inventory=inventory,
+            topology=topo,
+            online=topo.online,
+            cdi_dir=cfg.cdiDir,
+            metrics=self.metrics,
+            node_name=self.node_name,
+            persist=state.persist,
+            on_change=self._pool_changed_now,
+            tracker=state.tracker,
+        )
+        health = HealthService(
+            node_name=self.node_name, devices=[d.name for d in inventory.devices]
+        )
+        self.kubelet = KubeletPlugin(cfg.kubeletRootDir, dra, health, grace_period=GRPC_GRACE)
+        self.plugin = NRIPlugin(
+            store=state.store,
+            tracker=state.tracker,
+            containers=state.containers,
+            claim_cpus_from_cdi=lambda: cdi.read_claim_specs(cfg.cdiDir).claims,
+        )
+        self.session = NRISession(
+            cfg.nriSocket,
+            self.plugin,
+            failed_updates=self._failed_send,
+            metrics=self.metrics,
+        )
+        self.writer = CgroupWriter(cfg.cgroupRoot, metrics=self.metrics)
+        plugin = self.plugin
+        self.watcher = DriftWatcher(
+            self.writer,
+            plugin.intents,
+            lambda: plugin.shared_pool.format(),
+            interval=self.drift_interval,
+            metrics=self.metrics,
+        )
+        writer = self.writer
+        # Kubelet sockets and NRI side by side: neither waits for the other.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(sup.start, Service(name="kubelet", run=self.kubelet.run)))
+            nursery.start_soon(partial(sup.start, Service(name="nri", run=self.session.run)))
+            nursery.start_soon(
+                partial(
+                    sup.start,
+                    Service(
+                        name="cgroup-fallback",
+                        run=partial(writer.run_fallback, self._failed_recv),
+                    ),
+                )
+            )
+            nursery.start_soon(partial(sup.start, Service(name="drift", run=self.watcher.run)))
+            nursery.start_soon(partial(sup.start, Service(name="pool", run=self._follow_pool)))
+            nursery.start_soon(
+                partial(sup.start, Service(name="checkpoint", run=self._persist_changes))
+            )
+        await sup.start(Service(name="slices", run=self._run_slices))
+        self.main_app.mark_started()
+        log.info("driver started", node=self.node_name)
+
+    # -- long-lived glue tasks ----------------------------------------------------------
+
+    async def _follow_pool(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Send the shared containers the new pool after a prepare or unprepare."""
+        assert self.plugin is not None and self.session is not None
+        task_status.started()
+        while True:
+            await self._pool_changed.wait()
+            self._pool_changed = trio.Event()
+            updates = self.plugin.shared_pool_updates()
+            if updates:
+                failed = await self.session.update_containers(updates)
+                log.info(
+                    "shared pool pushed to containers",
+                    pool=self.plugin.shared_pool.format(),
+                    containers=len(updates),
+                    failed=len(failed),
+                    v=2,
+                )
+            if self.watcher is not None:
+                self.watcher.poke()
+
+    async def _persist_changes(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Checkpoint claims that NRI Synchronize adopted from running containers."""
+        assert self.state is not None
+        last = self._claims_key()
+        task_status.started()
+        while True:
+            await trio.sleep(PERSIST_POLL)
+            key = self._claims_key()
+            if key != last:
+                await self.state.persist()
+                self.state.refresh_gauges()
+                last = key
+
+    async def _run_slices(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Find the Node's UID for the owner reference, then keep the slices converged."""
+        assert self.inventory is not None
+        task_status.started()
+        delay = 0.5
+        while True:
+            try:
+                node_uid = await get_node_uid(self.kube, self.node_name)
+                break
+            except K8sError as exc:
+                log.warning("cannot read the Node object yet", node=self.node_name, err=exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        desired = build_slices(
+            self.inventory,
+            node_name=self.node_name,
+            node_uid=node_uid,
+            expose_pcie_roots=self.config.exposePCIeRoots,
+        )
+        self.slices = SliceReconciler(
+            self.kube,
+            node_name=self.node_name,
+            desired=desired,
+            resync_interval=self.slice_resync if self.slice_resync > 0 else math.inf,
+        )
+        await self.slices.run()
+
+
+def claims_of_state(doc: Mapping[str, Any]) -> dict[str, CPUSet]:
+    """``ns/name`` (or UID) -> CPUs from a ``/debug/state`` document."""
+    out: dict[str, CPUSet] = {}
+    for claim in doc.get("claims") or []:
+        label = f"{claim['namespace']}/{claim['name']}" if claim.get("name") else claim["uid"]
+        out[label] = CPUSet.parse(claim["cpus"])
+    return out
