@@ -768,7 +768,7 @@ async def test_resync_converges_when_the_watch_is_unavailable(
     server, kube = sim
     server.faults.inject("watch", "resourceslices", 10_000, status=403)
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want, resync_interval=30.0)
+    r = reconciler(kube, want, resync_interval=5.0)
     await nursery.start(r.run)
     await until(lambda: r.watch_errors >= 3, "watch failures")
     server.delete("resourceslices", published(server)[0]["metadata"]["name"])

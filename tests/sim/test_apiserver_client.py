@@ -281,7 +281,9 @@ async def test_watch_stream_events(sim: Sim) -> None:
     assert sim.server.store.watcher_count == 0
 
 
-async def test_watch_bookmarks_and_timeout(sim: Sim) -> None:
+async def test_watch_bookmarks_and_timeout(
+    autojump_clock: trio.testing.MockClock, sim: Sim
+) -> None:
     def consume() -> list[str]:
         seen = []
         for event in k8s_watch.Watch().stream(
