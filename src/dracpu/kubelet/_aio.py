@@ -15,7 +15,7 @@ from typing import TypeVar
 import sniffio
 import trio
 
-__all__ = ["Serializer", "run_blocking", "shielded"]
+__all__ = ["Serializer", "shielded"]
 
 T = TypeVar("T")
 
@@ -25,11 +25,18 @@ def _on_trio() -> bool:
 
 
 class Serializer:
-    """One call at a time, first come first served (a Trio lock or an asyncio lock)."""
+    """One call at a time, first come first served (a Trio lock or an asyncio lock), and
+    worker threads for its blocking file I/O.
+
+    The threads come from a limiter of its own: with Trio's shared default limiter, other
+    blocking callers (the kubernetes client, a busy test client) could hold every token
+    while a prepare waits for one under the lock.
+    """
 
     def __init__(self) -> None:
         self._trio: trio.Lock | None = None
         self._asyncio: asyncio.Lock | None = None
+        self._threads: trio.CapacityLimiter | None = None
 
     def lock(self) -> trio.Lock | asyncio.Lock:
         if _on_trio():
@@ -40,12 +47,13 @@ class Serializer:
             self._asyncio = asyncio.Lock()
         return self._asyncio
 
-
-async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """Run a blocking filesystem call in a worker thread; it always runs to completion."""
-    if _on_trio():
-        return await trio.to_thread.run_sync(fn, *args)
-    return await asyncio.to_thread(fn, *args)
+    async def run_blocking(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a blocking filesystem call in a worker thread; it always runs to completion."""
+        if _on_trio():
+            if self._threads is None:
+                self._threads = trio.CapacityLimiter(2)
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
+        return await asyncio.to_thread(fn, *args)
 
 
 @contextlib.contextmanager

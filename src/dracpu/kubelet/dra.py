@@ -38,7 +38,7 @@ from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, 
 from dracpu.cdi import CDIError, check_claim_uid, remove_claim_spec, write_claim_spec
 from dracpu.cpuset import CPUSet
 from dracpu.k8s.claims import ClaimReadError
-from dracpu.kubelet._aio import Serializer, run_blocking, shielded
+from dracpu.kubelet._aio import Serializer, shielded
 from dracpu.kubelet.claims import ClaimSource
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_grpc as v1_grpc
@@ -227,7 +227,7 @@ class DRAService:
     async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
         """The file half of a prepare; on failure undo it per §8.6 and return the error."""
         try:
-            await run_blocking(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
+            await self._serial.run_blocking(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
         except CDIError as exc:
             rollback(self.store, plan)
             return str(exc)
@@ -238,7 +238,7 @@ class DRAService:
         except Exception as exc:
             rollback(self.store, plan)
             try:
-                await run_blocking(remove_claim_spec, self.cdi_dir, claim.uid)
+                await self._serial.run_blocking(remove_claim_spec, self.cdi_dir, claim.uid)
             except CDIError as rm_exc:
                 log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
             return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
@@ -268,7 +268,7 @@ class DRAService:
             # No spec can exist under such a name; a claim we never had is simply done.
             return ("", False) if record is None else (str(exc), False)
         try:
-            await run_blocking(remove_claim_spec, self.cdi_dir, ref.uid)
+            await self._serial.run_blocking(remove_claim_spec, self.cdi_dir, ref.uid)
         except CDIError as exc:
             log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
             return str(exc), False
@@ -283,7 +283,9 @@ class DRAService:
                 # and the kubelet retries the unprepare.
                 self.store.reserve(record)
                 try:
-                    await run_blocking(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
+                    await self._serial.run_blocking(
+                        write_claim_spec, self.cdi_dir, ref.uid, record.cpus
+                    )
                 except CDIError as write_exc:
                     log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
                 return f"failed to record claim {ref.namespace}/{ref.name}: {exc}", False

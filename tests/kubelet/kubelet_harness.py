@@ -1,0 +1,260 @@
+"""A node for the kubelet tests: real topology fixtures, a real store and inventory, claims
+in memory, the plugin on real unix sockets, and grpcio stubs for both DRA API versions."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import trio
+from prometheus_client import CollectorRegistry
+
+from dracpu.allocation.opaque import DeviceConfig
+from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+from dracpu.allocation.store import AllocationStore
+from dracpu.cpuset import CPUSet
+from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory
+from dracpu.kubelet import (
+    DRAService,
+    HealthService,
+    KubeletPlugin,
+    MemoryClaimSource,
+    RegistrationService,
+)
+from dracpu.metrics import DriverMetrics
+from dracpu.proto.dra.v1 import api_pb2 as dra_v1
+from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dracpu.topology import discover_from_root
+from dracpu.topology.model import Topology
+
+FAKE_SYSFS = Path(__file__).parent.parent / "fake_sysfs"
+NODE = "node-a"
+VERSIONS: dict[str, ModuleType] = {"v1": dra_v1, "v1beta1": dra_v1beta1}
+
+_topologies: dict[str, Topology] = {}
+
+
+def topology(fixture: str) -> Topology:
+    if fixture not in _topologies:
+        _topologies[fixture] = discover_from_root(FAKE_SYSFS / fixture)
+    return _topologies[fixture]
+
+
+def short_dir(prefix: str = "k.") -> str:
+    """A temp dir short enough for unix socket paths below it."""
+    return tempfile.mkdtemp(dir="/tmp", prefix=prefix)
+
+
+@dataclass
+class Node:
+    topology: Topology
+    inventory: DeviceInventory
+    store: AllocationStore
+    metrics: DriverMetrics
+    registry: CollectorRegistry
+    claims: MemoryClaimSource
+    cdi_dir: str
+    service: DRAService
+    changes: list[int] = field(default_factory=list)
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def restart(self, store: AllocationStore | None = None) -> DRAService:
+        """A new service over ``store`` (default: this one), like a restarted daemon."""
+        self.store = store or self.store
+        self.service = DRAService(
+            claims=self.claims,
+            store=self.store,
+            inventory=self.inventory,
+            topology=self.topology,
+            online=self.topology.online,
+            cdi_dir=self.cdi_dir,
+            metrics=self.metrics,
+            node_name=NODE,
+        )
+        return self.service
+
+
+def make_node(
+    cdi_dir: str,
+    *,
+    fixture: str = "epyc-nps4",
+    mode: str = "grouped",
+    group_by: str = "numanode",
+    reserved: str = "",
+    persist: Callable[[], Awaitable[None]] | None = None,
+) -> Node:
+    topo = topology(fixture)
+    reserved_set = CPUSet.parse(reserved)
+    settings = DeviceSettings(mode=mode, group_by=group_by, reserved=reserved_set)  # type: ignore[arg-type]
+    inventory = build_inventory(topo, settings)
+    store = AllocationStore(topo.all_cpus - reserved_set, reserved_set)
+    registry = CollectorRegistry()
+    metrics = DriverMetrics(registry)
+    claims = MemoryClaimSource()
+    changes: list[int] = []
+    service = DRAService(
+        claims=claims,
+        store=store,
+        inventory=inventory,
+        topology=topo,
+        online=topo.online,
+        cdi_dir=cdi_dir,
+        metrics=metrics,
+        node_name=NODE,
+        persist=persist,
+        on_change=lambda: changes.append(len(store)),
+    )
+    return Node(topo, inventory, store, metrics, registry, claims, cdi_dir, service, changes)
+
+
+def result(
+    device: str,
+    count: int | str | None = None,
+    *,
+    request: str = "cpus",
+    pool: str = NODE,
+    driver: str = "dra.cpu",
+    share_id: str = "",
+) -> AllocationResult:
+    capacity = {} if count is None else {"dra.cpu/cpu": str(count)}
+    return AllocationResult(
+        request=request,
+        driver=driver,
+        pool=pool,
+        device=device,
+        consumed_capacity=capacity,
+        share_id=share_id,
+    )
+
+
+def claim(
+    uid: str,
+    *results: AllocationResult,
+    name: str | None = None,
+    namespace: str = "default",
+    allocated: bool = True,
+    configs: Sequence[DeviceConfig] = (),
+) -> ClaimAllocation:
+    return ClaimAllocation(
+        uid=uid,
+        namespace=namespace,
+        name=name or f"claim-{uid}",
+        allocated=allocated,
+        results=results,
+        configs=tuple(configs),
+    )
+
+
+# -- the plugin on real sockets ----------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    plugin: KubeletPlugin
+    scope: trio.CancelScope
+    stopped: trio.Event
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        with trio.fail_after(10):
+            await self.stopped.wait()
+
+
+async def start_plugin(
+    nursery: trio.Nursery,
+    root: str,
+    service: DRAService,
+    health: HealthService | None = None,
+    registration: RegistrationService | None = None,
+) -> Served:
+    plugin = KubeletPlugin(
+        root,
+        service,
+        health or HealthService(node_name=NODE, devices=()),
+        registration,
+        grace_period=2.0,
+    )
+    served = Served(plugin, trio.CancelScope(), trio.Event())
+
+    async def run(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            with served.scope:
+                await plugin.run(task_status=task_status)
+        finally:
+            served.stopped.set()
+
+    await nursery.start(run)
+    return served
+
+
+@asynccontextmanager
+async def serving(
+    nursery: trio.Nursery, service: DRAService, health: HealthService | None = None
+) -> AsyncIterator[tuple[Served, grpc.Channel]]:
+    root = short_dir()
+    served = await start_plugin(nursery, root, service, health)
+    channel = grpc.insecure_channel("unix:" + served.plugin.dra_socket)
+    try:
+        yield served, channel
+    finally:
+        channel.close()
+        await served.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def dra_path(version: str, method: str) -> str:
+    return f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/{method}"
+
+
+def prepare_stub(channel: grpc.Channel, version: str = "v1") -> Any:
+    pb = VERSIONS[version]
+    return channel.unary_unary(
+        dra_path(version, "NodePrepareResources"),
+        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+    )
+
+
+def unprepare_stub(channel: grpc.Channel, version: str = "v1") -> Any:
+    pb = VERSIONS[version]
+    return channel.unary_unary(
+        dra_path(version, "NodeUnprepareResources"),
+        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+    )
+
+
+def prepare_request(version: str, *claims: ClaimAllocation) -> Any:
+    pb = VERSIONS[version]
+    return pb.NodePrepareResourcesRequest(
+        claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+    )
+
+
+def unprepare_request(version: str, *claims: ClaimAllocation) -> Any:
+    pb = VERSIONS[version]
+    return pb.NodeUnprepareResourcesRequest(
+        claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+    )
+
+
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn)
+
+
+def rpc_error(fn: Callable[[], Any]) -> grpc.RpcError:
+    try:
+        fn()
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("call succeeded")
