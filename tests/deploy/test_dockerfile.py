@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dracpu.cli import SUBCOMMANDS
 
@@ -136,6 +137,20 @@ def test_entrypoint_runs_the_daemon(stages: list[Stage]) -> None:
     assert "run" in SUBCOMMANDS
     assert final.args("USER") == ["0:0"]
     assert final.args("EXPOSE") == ["8080"]
+
+
+def test_image_and_daemonset_agree(stages: list[Stage]) -> None:
+    """The DaemonSet runs what the image's entrypoint and command say, on the exposed port."""
+    daemonset = yaml.safe_load((REPO / "deploy" / "base" / "daemonset.yaml").read_text())
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    final = stages[-1]
+    (entrypoint,) = final.args("ENTRYPOINT")
+    (cmd,) = final.args("CMD")
+    assert container["command"] == json.loads(entrypoint) + json.loads(cmd)
+    assert [p["containerPort"] for p in container["ports"]] == [int(final.args("EXPOSE")[0])]
+    kustomization = yaml.safe_load((REPO / "deploy" / "base" / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    assert container["image"] == f"{image['name']}:{image['newTag']}"
 
 
 def test_gatherinfo_alias_and_upstream_paths(stages: list[Stage]) -> None:
