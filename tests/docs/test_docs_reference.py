@@ -326,3 +326,13 @@ def test_readme_links_every_doc_page() -> None:
     linked = {m.group("target").partition("#")[0] for m in _LINK.finditer(readme)}
     missing = [str(p.relative_to(REPO)) for p in pages() if str(p.relative_to(REPO)) not in linked]
     assert not missing, f"README.md does not link: {', '.join(missing)}"
+
+
+def test_configuration_page_shows_the_manifests_command_line() -> None:
+    page = DOCS / "configuration.md"
+    text = page.read_text()
+    (block,) = [b for b in blocks(page) if b.lang == "text" and b.text.startswith("dracpu run ")]
+    assert "The manifests run the daemon as" in text
+    daemonset = yaml.safe_load((REPO / "deploy" / "base" / "daemonset.yaml").read_text())
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert block.text.split() == container["command"] + container["args"]
