@@ -1,0 +1,121 @@
+"""Prepare with claims read from the loopback API server through the real kubernetes
+client (``ApiClaimSource``), over the DRA socket with grpcio."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+from kubelet_harness import (
+    NODE,
+    Node,
+    claim,
+    in_thread,
+    make_node,
+    prepare_request,
+    prepare_stub,
+    rpc_error,
+    serving,
+    short_dir,
+)
+
+from dracpu.k8s.client import KubeClient
+from dracpu.kubelet import ApiClaimSource
+from dracpu.sim.apiserver import SimAPIServer
+
+
+@pytest.fixture
+async def api(
+    nursery: trio.Nursery, tmp_path: Path
+) -> AsyncIterator[tuple[SimAPIServer, KubeClient]]:
+    server = SimAPIServer(seed=7)
+    await nursery.start(server.serve)
+    kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    yield server, kube
+    kube.close()
+
+
+@pytest.fixture
+def node(api: tuple[SimAPIServer, KubeClient]) -> Any:
+    node = make_node(short_dir("cdi."))
+    node.claims = ApiClaimSource(api[1], pool=NODE)  # type: ignore[assignment]
+    node.restart()
+    yield node
+    shutil.rmtree(node.cdi_dir, ignore_errors=True)
+
+
+def create_claim(server: SimAPIServer, name: str, results: list[dict[str, Any]]) -> str:
+    obj = server.create(
+        "resourceclaims",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
+                }
+            },
+        },
+        "default",
+    )
+    server.patch(
+        "resourceclaims",
+        name,
+        {"status": {"allocation": {"devices": {"results": results}}}},
+        "default",
+        subresource="status",
+    )
+    return str(obj["metadata"]["uid"])
+
+
+async def test_prepare_reads_the_claim_from_the_api(
+    nursery: trio.Nursery, api: tuple[SimAPIServer, KubeClient], node: Node
+) -> None:
+    server, _ = api
+    uid = create_claim(
+        server,
+        "web",
+        [
+            {
+                "request": "cpus",
+                "driver": "dra.cpu",
+                "pool": NODE,
+                "device": "cpudevnuma002",
+                "consumedCapacity": {"dra.cpu/cpu": "6"},
+            },
+            # Another node's pool and another driver are not ours to prepare.
+            {
+                "request": "cpus",
+                "driver": "dra.cpu",
+                "pool": "node-b",
+                "device": "cpudevnuma000",
+                "consumedCapacity": {"dra.cpu/cpu": "6"},
+            },
+            {"request": "gpu", "driver": "gpu.example.com", "pool": NODE, "device": "g0"},
+        ],
+    )
+    async with serving(nursery, node.service) as (_, ch):
+        reply = await in_thread(
+            lambda: prepare_stub(ch)(prepare_request("v1", claim(uid, name="web")), timeout=10)
+        )
+        missing = await in_thread(
+            lambda: rpc_error(
+                lambda: prepare_stub(ch)(
+                    prepare_request("v1", claim("u-x", name="gone")), timeout=10
+                )
+            )
+        )
+    devices = reply.claims[uid].devices
+    assert [(d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in devices] == [
+        (NODE, "cpudevnuma002", [f"dra.k8s.io/cpu=claim-{uid}"])
+    ]
+    cpus = node.store.cpus_of(uid)
+    assert cpus is not None and len(cpus) == 6 and cpus <= node.inventory.cpus_of("cpudevnuma002")
+    assert (missing.code(), missing.details()) == (
+        grpc.StatusCode.UNKNOWN,
+        'retrieve claim default/gone: resourceclaims.resource.k8s.io "gone" not found',
+    )
