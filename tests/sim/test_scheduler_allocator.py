@@ -724,3 +724,20 @@ def test_allocated_devices_from_claims_sums_shares() -> None:
 
     assert held.consumed == {("dra.cpu", NODE, "cpudevnuma000"): {"dra.cpu/cpu": Fraction(7)}}
     assert held.exclusive == set()
+
+
+def test_remembered_selector_results_follow_device_content() -> None:
+    fixture = slices("xeon-2s-ht")
+    sel = f"{NUMA} == 1"
+    assert devices_of(run(claim(request(cpus=1, selector=sel)), fixture)) == ["cpudevnuma001"]
+    # Republished with the NUMA ids swapped: same device names, new content.
+    for device in fixture[0]["spec"]["devices"]:
+        attr = device["attributes"]["resource.kubernetes.io/numaNode"]
+        attr["int"] = 1 - attr["int"]
+    assert devices_of(run(claim(request(cpus=1, selector=sel)), fixture)) == ["cpudevnuma000"]
+    # A runtime error is remembered as an error, not as a non-match.
+    bad = 'device.attributes["dra.cpu"].cpuID == 1'
+    for _ in range(2):
+        assert "no such member in mapping: 'cpuID'" in reason(
+            claim(request(cpus=1, selector=bad)), fixture
+        )

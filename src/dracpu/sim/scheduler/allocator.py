@@ -475,7 +475,7 @@ class _Selection:
             kept = []
             for device in devices:
                 try:
-                    if selector.matches(device.cel):
+                    if selector.matches_cached(device.fingerprint, device.cel):
                         kept.append(device)
                 except SelectorError as exc:
                     raise _Bad(

@@ -19,6 +19,7 @@ simulator they also compare directly with CEL numbers (``device.capacity["dra.cp
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -224,12 +225,34 @@ def _short(exc: BaseException) -> str:
     return text.split(" (in activation", 1)[0]
 
 
+# Results remembered per selector: celpy interprets a tree per evaluation (about a
+# millisecond), and every scheduling round sees the same published devices again.
+_MEMO_SIZE = 16384
+
+
 class CompiledSelector:
     """One compiled CEL expression; ``matches(device)`` is True, False or SelectorError."""
 
     def __init__(self, expression: str, program: celpy.Runner) -> None:
         self.expression = expression
         self._program = program
+        self._memo: OrderedDict[str, bool | str] = OrderedDict()
+
+    def matches_cached(self, key: str, device: Callable[[], celtypes.MapType]) -> bool:
+        """``matches(device())``, remembered under ``key`` (which must identify the
+        device's whole content)."""
+        found = self._memo.get(key)
+        if found is None:
+            try:
+                found = self.matches(device())
+            except SelectorError as exc:
+                found = str(exc)
+            self._memo[key] = found
+            if len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
+        if isinstance(found, str):
+            raise SelectorError(found)
+        return found
 
     def matches(self, device: celtypes.MapType) -> bool:
         try:

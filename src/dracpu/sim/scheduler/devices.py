@@ -8,9 +8,11 @@ counts, and a pool whose slices at that generation are not all there yet (fewer 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from celpy import celtypes
@@ -69,8 +71,13 @@ class PublishedDevice:
     def name(self) -> str:
         return self.key[2]
 
-    @property
+    @cached_property
+    def fingerprint(self) -> str:
+        """The device's identity and content, as a key for remembered selector results."""
+        return json.dumps([self.key, self.spec], sort_keys=True, separators=(",", ":"))
+
     def cel(self) -> celtypes.MapType:
+        """The CEL ``device`` variable, built on first use."""
         if self._cel is None:
             self._cel = device_value(self.driver, self.spec)
         return self._cel
