@@ -368,24 +368,101 @@ def _driver_config_of(argv: list[str], resolve: Callable[[str], str]) -> object:
 
 
 def _cmd_demo(argv: Sequence[str]) -> int:
-    from dracpu.introspect import topology_text
+    import trio
+
+    from dracpu.demo.runner import DemoError, DemoOptions, run_demo
+    from dracpu.demo.scenario import ScenarioError, default_scenario, load_scenario
     from dracpu.topology import Topology
 
     p = _parser(
         "dracpu demo",
-        "Show what dracpu does on this machine. Today: the CPU map it discovers. The full "
-        "simulated node (API server, scheduler, kubelet, runtime) is not built yet.",
-        "dracpu demo --sysfs-root tests/fake_sysfs/epyc-nps4",
+        "Run the real daemon against a simulated node (API server, scheduler, kubelet, NRI "
+        "runtime and cgroup tree in a temp dir), apply a scenario of Pods and ResourceClaims, "
+        "and print the published devices, each claim's CPUs, each container's cpuset read "
+        "back from the cgroup tree, and a CPU map. Exit 1 when a claim cannot be satisfied.",
+        "dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht --cpu-device-mode grouped",
     )
     p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    p.add_argument("--scenario", help="YAML stream of Pods and ResourceClaims (default: built in)")
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--cpu-device-mode", choices=("grouped", "individual"), default="grouped")
+    p.add_argument("--group-by", choices=("numanode", "socket", "machine"), default="numanode")
+    p.add_argument("--reserved-cpus", default="", help="CPUs kept out of DRA (e.g. 0-1)")
+    p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
     args = p.parse_args(argv)
-    topo = _discover(_sysfs_root(args.sysfs_root))
+    sysfs_root = _sysfs_root(args.sysfs_root)
+    topo = _discover(sysfs_root)
     assert isinstance(topo, Topology)
-    sys.stdout.write(topology_text(topo))
-    print(
-        "\nThe end-to-end demo (pods with ResourceClaims on a simulated node) is not built "
-        "yet; see README.md."
+    reserved = _reserved_of(None, args.reserved_cpus)
+    try:
+        if args.scenario:
+            scenario = load_scenario(args.scenario)
+        else:
+            scenario = default_scenario(
+                topo,
+                mode=args.cpu_device_mode,
+                group_by=args.group_by,
+                reserved=len(reserved & topo.all_cpus),
+            )
+    except ScenarioError as err:
+        raise CLIError(str(err)) from err
+    options = DemoOptions(
+        sysfs_root=str(sysfs_root),
+        topology=topo,
+        scenario=scenario,
+        mode=args.cpu_device_mode,
+        group_by=args.group_by,
+        reserved=args.reserved_cpus,
+        output=args.output,
+        keep_running=args.keep_running,
     )
+    try:
+        result = trio.run(run_demo, options, sys.stdout)
+    except DemoError as err:
+        raise CLIError(f"demo: {err}") from err
+    for problem in result.problems:
+        print(f"dracpu demo: {problem}", file=sys.stderr)
+    return 1 if result.problems else 0
+
+
+def _cmd_map(argv: Sequence[str]) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from dracpu.cpumap import render_cpu_map, rows_from_document
+    from dracpu.cpuset import CPUSet, CPUSetParseError
+    from dracpu.daemon.app import claims_of_state
+
+    p = _parser(
+        "dracpu map",
+        "Print the CPU map of a running daemon (claims, shared pool, reserved CPUs per core) "
+        "from its /debug/state endpoint.",
+        "dracpu map --url http://127.0.0.1:8081",
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8081",
+        help="the daemon's debug address (--debug-address)",
+    )
+    args = p.parse_args(argv)
+    url = args.url.rstrip("/") + "/debug/state"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            state = json.load(resp)
+    except (urllib.error.URLError, OSError) as err:
+        raise CLIError(f"cannot read {url}: {getattr(err, 'reason', err)}") from err
+    except ValueError as err:
+        raise CLIError(f"{url} did not answer JSON: {err}") from err
+    try:
+        rows = rows_from_document(state.get("topology") or {})
+        claims = claims_of_state(state)
+        shared = CPUSet.parse(state.get("sharedPool", ""))
+        reserved = CPUSet.parse(state.get("reserved", ""))
+    except (ValueError, CPUSetParseError, KeyError, TypeError, AttributeError) as err:
+        raise CLIError(f"{url} is not a dracpu debug state: {err}") from err
+    print(f"node {state.get('node', '?')}")
+    sys.stdout.write(render_cpu_map(rows, claims=claims, shared=shared, reserved=reserved))
     return 0
 
 
@@ -429,6 +506,7 @@ SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
     "introspect": _cmd_introspect,
     "gatherinfo": _cmd_gatherinfo,
     "demo": _cmd_demo,
+    "map": _cmd_map,
 }
 
 

@@ -1,0 +1,131 @@
+"""`dracpu demo --output json` end to end: the real daemon on the simulated node.
+
+Each run starts `dracpu run` as a child process against the simulated API server, kubelet,
+scheduler and NRI runtime, applies the built-in scenario and reads the cpusets back from
+the runtime's cgroup tree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dracpu.cpuset import CPUSet
+from dracpu.topology.discover import discover_from_root
+
+FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dracpu", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fixture", "mode"),
+    [("xeon-2s-ht", "grouped"), ("epyc-nps4", "individual"), ("intel-hybrid", "grouped")],
+)
+def test_demo_json_on_fixtures(fixture: str, mode: str) -> None:
+    root = FIXTURES / fixture
+    topo = discover_from_root(root)
+    proc = run_demo("--sysfs-root", str(root), "--cpu-device-mode", mode, "--output", "json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(proc.stdout)
+    assert list(doc) == ["slices", "claims", "containers"]
+    devices = [d["name"] for s in doc["slices"] for d in s["spec"]["devices"]]
+    if mode == "individual":
+        assert len(devices) == topo.num_cpus
+    else:
+        assert devices == [f"cpudevnuma{n:03d}" for n in sorted(topo.by_numa)]
+    claims = {k: CPUSet.parse(v["cpus"]) for k, v in doc["claims"].items()}
+    assert all(v["error"] is None for v in doc["claims"].values())
+    assert list(claims) == [
+        "default/numa-pinned",
+        "default/full-cores",
+        "default/grouped",
+        "default/short-lived",
+    ]
+    # The pod of short-lived was deleted: its claim holds nothing any more.
+    assert claims["default/short-lived"] == CPUSet()
+    held = [c for k, c in claims.items() if k != "default/short-lived"]
+    assert sum(len(c) for c in held) == len(_union(held)), "a CPU is in two claims"
+    assert len(claims["default/numa-pinned"]) == 2
+    last_numa = max(topo.by_numa)
+    assert claims["default/numa-pinned"] <= topo.by_numa[last_numa]
+    threads = topo.cpus_per_core
+    assert len(claims["default/full-cores"]) == 2 * threads
+    if mode == "grouped":
+        # fullPCPUsOnly: whole physical cores only.
+        for cpu in claims["default/full-cores"]:
+            assert topo.cpus[cpu].thread_siblings <= claims["default/full-cores"]
+    # Every container runs where its claim says; the plain pod gets everything else.
+    ctrs = {k: CPUSet.parse(v) for k, v in doc["containers"].items()}
+    assert ctrs["default/pinned/app"] == claims["default/numa-pinned"]
+    assert ctrs["default/fullcore/app"] == claims["default/full-cores"]
+    assert ctrs["default/worker/app"] == claims["default/grouped"]
+    assert ctrs["default/plain/app"] == topo.all_cpus - _union(held)
+    assert "default/short-lived/app" not in ctrs
+
+
+def _union(sets: list[CPUSet]) -> CPUSet:
+    out = CPUSet()
+    for s in sets:
+        out |= s
+    return out
+
+
+def test_demo_text_report_and_unsatisfiable_scenario(tmp_path: Path) -> None:
+    scenario = tmp_path / "big.yaml"
+    scenario.write_text(
+        """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: huge}
+spec:
+  devices:
+    requests:
+    - name: cpus
+      exactly: {deviceClassName: dra.cpu, capacity: {requests: {dra.cpu/cpu: "500"}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: greedy}
+spec:
+  resourceClaims: [{name: cpus, resourceClaimName: huge}]
+  containers: [{name: app, resources: {claims: [{name: cpus}]}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: plain}
+spec:
+  containers: [{name: app}]
+"""
+    )
+    proc = run_demo("--sysfs-root", str(FIXTURES / "xeon-2s-ht"), "--scenario", str(scenario))
+    assert proc.returncode == 1, proc.stdout
+    assert "dracpu demo: claim default/huge: " in proc.stderr
+    assert "500" in proc.stderr.split("claim default/huge: ", 1)[1]
+    out = proc.stdout
+    assert "pod default/plain running: app=0-79" in out
+    assert "pod default/greedy not running: " in out
+    assert "CPU map:" in out and "shared pool" in out
+    assert "  default/huge" in out and "not allocated: " in out
+
+
+def test_demo_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")
+    proc = run_demo("--scenario", str(bad))
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"dracpu: {bad}: document 1 (Deployment d): unsupported apiVersion/kind "
+        "apps/v1/Deployment; a scenario holds v1 Pods and resource.k8s.io/v1 ResourceClaims\n"
+    )
