@@ -508,9 +508,22 @@ async def test_bad_prepare_answers_leave_the_pod_pending(
     pod, claim = node.pod_with_claim("web", "c1")
     await node.kubelet.sync_pods()
     st = node.state(pod)
+    message = expected.format(uid=claim["metadata"]["uid"])
     assert st.phase == "Pending"
-    assert st.last_error == expected.format(uid=claim["metadata"]["uid"])
+    assert st.last_error == message
     assert node.runtime.sandboxes == {}
+    status = node.server.get("pods", "web", "default")["status"]
+    assert status == {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "FailedPrepareDynamicResources",
+                "message": message,
+            }
+        ],
+    }
 
 
 async def test_claims_not_allocated_or_not_reserved(node: Node) -> None:

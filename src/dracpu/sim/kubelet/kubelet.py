@@ -323,6 +323,7 @@ class SimKubelet:
             envs = await self._container_envs(pod, claim_uids)
         except PodStartError as exc:
             self._record_error(st, str(exc))
+            await self._report_waiting(st, pod, "FailedPrepareDynamicResources", str(exc))
             return
         try:
             await self.runtime.run_pod_sandbox(st.uid, st.namespace, st.name)
@@ -335,6 +336,7 @@ class SimKubelet:
             self._record_error(st, f"runtime: {exc}")
             with contextlib.suppress(Exception):  # recorded on the pod; retried at teardown
                 await self._remove_containers(st)
+            await self._report_waiting(st, pod, "FailedCreateContainer", f"runtime: {exc}")
             return
         st.phase = "Running"
         st.failures = 0
@@ -426,6 +428,21 @@ class SimKubelet:
                 raise PodStartError(f"container {name!r}: CDI: {exc}") from None
             envs[name] = spec_env(container) + list(device_env)
         return envs
+
+    async def _report_waiting(self, st: PodState, pod: Obj, reason: str, message: str) -> None:
+        """Show why the pod does not start in its status (the real kubelet also emits an
+        Event; the loopback API server has no events)."""
+        condition = {"type": "Ready", "status": "False", "reason": reason, "message": message}
+        if condition in ((pod.get("status") or {}).get("conditions") or []):
+            return  # already shown; no write per retry
+        api = self.api
+        with contextlib.suppress(K8sError):  # a status report is best effort
+            await api.call_raw(
+                api.core.patch_namespaced_pod_status,
+                st.name,
+                st.namespace,
+                {"status": {"phase": "Pending", "conditions": [condition]}},
+            )
 
     async def _report_running(self, st: PodState) -> None:
         api = self.api
