@@ -15,13 +15,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 OVERLAYS = ("grouped", "individual", "custom-kubelet-root")
+KUBECTL_FALLBACK = Path("/usr/bin/kubectl")
 
 
 def kubectl_path() -> str:
     """kubectl, or a skip outside CI; under CI=true a missing kubectl is a failure."""
     found = shutil.which("kubectl")
-    if found is None and Path("/usr/bin/kubectl").exists():
-        found = "/usr/bin/kubectl"
+    if found is None and KUBECTL_FALLBACK.exists():
+        found = str(KUBECTL_FALLBACK)
     if found is None:
         if os.environ.get("CI") == "true":
             pytest.fail("kubectl is required under CI=true to render deploy/ overlays")

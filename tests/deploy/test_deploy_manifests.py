@@ -438,3 +438,18 @@ def test_the_image_can_be_overridden(tmp_path: Path) -> None:
         "  newName: registry.example/dracpu\n  newTag: dev\n",
     )
     assert _container(kustomize(overlay))["image"] == "registry.example/dracpu:dev"
+
+
+def test_missing_kubectl_skips_locally_and_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import deploy_render
+
+    monkeypatch.setattr(deploy_render.shutil, "which", lambda name: None)
+    monkeypatch.setattr(deploy_render, "KUBECTL_FALLBACK", tmp_path / "kubectl")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="mandatory under CI=true"):
+        deploy_render.kubectl_path()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="kubectl is required under CI=true"):
+        deploy_render.kubectl_path()
