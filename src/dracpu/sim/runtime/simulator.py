@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import signal
+import socket as stdlib_socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -223,10 +224,17 @@ class RuntimeSimulator:
     async def _listen(self) -> trio.SocketListener:
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-        await sock.bind(self.socket_path)
-        sock.listen(16)
-        listener = trio.SocketListener(sock)
+        # Bound with the stdlib socket: trio binds unix sockets in a worker thread, and a
+        # MockClock would jump ahead while that thread runs.
+        raw = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+        try:
+            raw.bind(self.socket_path)
+            raw.listen(16)
+        except OSError:
+            raw.close()
+            raise
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
+        await trio.lowlevel.checkpoint()
         self._listener = listener
         self._listener_changed.set()
         self._listener_changed = trio.Event()
