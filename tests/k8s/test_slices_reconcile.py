@@ -86,12 +86,14 @@ def reconciler(kube: KubeClient, want: list[dict[str, Any]], **kw: Any) -> Slice
     return SliceReconciler(kube, node_name=NODE, desired=want, **kw)
 
 
-async def until(condition: Callable[[], bool], what: str, *, steps: int = 20_000) -> None:
+async def until(
+    condition: Callable[[], bool], what: str, *, steps: int = 20_000, step: float = 0.05
+) -> None:
     """Poll ``condition`` on Trio's clock (virtual under autojump: no real sleeping)."""
     for _ in range(steps):
         if condition():
             return
-        await trio.sleep(0.05)
+        await trio.sleep(step)
     raise AssertionError(f"never happened: {what}")
 
 
@@ -799,3 +801,23 @@ async def test_clean_shutdown_leaves_slices_and_ends_the_watch_thread(
     await until(lambda: server.store.watcher_count == 0, "the server sees the close")
     assert server.calls.get("delete", "resourceslices") == 0
     assert_matches(server, want, 1)
+
+
+async def test_server_ended_watches_are_renewed_at_once(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    sleeps = Sleeps()
+    # timeoutSeconds = watch_timeout * (1 + rand) = 60: the server ends each watch then
+    r = reconciler(kube, want, watch_timeout=30.0, sleep=sleeps)
+    await nursery.start(r.run)
+    await until(lambda: r.watch_requests >= 3, "two renewals", step=1.0)
+    assert (r.watch_errors, sleeps.delays, r.relists) == (0, [], 0)
+    await watching(server, r)
+    server.delete("resourceslices", published(server)[5]["metadata"]["name"])
+    await until(lambda: r.sync_reasons["watch"] == 1 and r.generation == 2, "the repair")
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()

@@ -152,13 +152,13 @@ class ConnectionServer:
         try:
             await _start_stream(conn, stream)
             limit = min(start.timeout_seconds or self.max_watch_seconds, self.max_watch_seconds)
-            with trio.move_on_after(limit):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(
-                        _watch_for_disconnect, conn, stream, session, nursery.cancel_scope
-                    )
-                    await self._pump(conn, stream, session)
-                    nursery.cancel_scope.cancel()
+            deadline = trio.current_time() + limit
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _watch_for_disconnect, conn, stream, session, nursery.cancel_scope
+                )
+                await self._pump(conn, stream, session, deadline)
+                nursery.cancel_scope.cancel()
         finally:
             store.unwatch(watcher)
             self.watches.discard(session)
@@ -168,8 +168,15 @@ class ConnectionServer:
         return True
 
     async def _pump(
-        self, conn: h11.Connection, stream: trio.abc.Stream, session: WatchSession
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        session: WatchSession,
+        deadline: float,
     ) -> None:
+        """Send events until the deadline (timeoutSeconds), an end request or overflow.
+        The deadline is only looked at between events: a timeout that cut a chunk in
+        half would corrupt the stream the client is still reading."""
         store = self.handler.store
         while not session.overflowed:
             while session.pending:
@@ -185,9 +192,12 @@ class ConnectionServer:
             session.wake = trio.Event()
             if session.pending or session.bookmark_requested or session.end_requested:
                 continue
-            with trio.move_on_after(self.bookmark_interval) as tick:
+            now = trio.current_time()
+            if now >= deadline:
+                return
+            with trio.move_on_at(min(deadline, now + self.bookmark_interval)) as tick:
                 await session.wake.wait()
-            if tick.cancelled_caught:
+            if tick.cancelled_caught and trio.current_time() < deadline:
                 session.request_bookmark()
 
 
