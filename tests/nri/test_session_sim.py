@@ -298,3 +298,32 @@ async def test_backoff_resets_after_a_synchronized_session(
         # The first delay after a good session is the initial one, jittered to 50 %.
         assert node.sim.accepted[-1] - t0 == pytest.approx(0.5)
         assert reconnects(node.metrics) == 1
+
+
+async def test_unsolicited_update_waits_for_a_runtime_event_without_deadlock(
+    sock_dir: str, tmp_path: Path
+) -> None:
+    """Our UpdateContainers may be in flight while the runtime calls us: the session keeps
+    answering (its read loop never waits on its own calls) and both complete."""
+    async with sim_node(sock_dir, tmp_path / "cg") as node:
+        sim = node.sim
+        await sim.create_pod("p0", "shared")
+        s1 = await sim.create_container("p0", "s1")
+        node.prepare("A", "0-1")
+        results: dict[str, object] = {}
+
+        async def update() -> None:
+            results["failed"] = await node.session.update_containers(
+                node.plugin.shared_pool_updates()
+            )
+
+        async def create() -> None:
+            results["g"] = await sim.create_container("p0", "g", ["DRA_CPUSET_A=0-1"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create)
+            nursery.start_soon(update)
+        assert results["failed"] == []
+        assert sim.cpuset_of(str(results["g"])) == "0-1"
+        assert sim.cpuset_of(s1) == "2-7"
+        assert sim.plugin_ready

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -89,6 +90,7 @@ EVENT_MASK: Final = _mask(
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 _IDX_RE: Final = re.compile(r"[0-9]{2}")
 _READ_SIZE: Final = 65536
+SLOW_HANDLER_SECONDS: Final = 0.5
 
 
 class PeerClosed(Exception):
@@ -461,6 +463,7 @@ class NRISession:
             if handler is None:
                 result = unimplemented_method(request.method)
             else:
+                started = time.perf_counter()
                 try:
                     result = handler(request.payload)
                 except DecodeError as exc:
@@ -474,6 +477,10 @@ class NRISession:
                 except Exception as exc:
                     log.exception("%s failed", request.method)
                     result = Status(StatusCode.INTERNAL, f"{request.method}: internal error: {exc}")
+                took = time.perf_counter() - started
+                if took > SLOW_HANDLER_SECONDS:
+                    # The runtime drops plugins that miss its 2 s request timeout.
+                    log.warning("%s took %.3fs to decide", request.method, took)
         try:
             await peer.respond(request.stream_id, result)
         except PeerClosed:
