@@ -47,6 +47,7 @@ __all__ = [
     "claim_spec_bytes",
     "claim_spec_path",
     "device_env",
+    "on_memory_filesystem",
     "read_claim_specs",
     "remove_claim_spec",
     "write_claim_spec",
@@ -178,6 +179,35 @@ def remove_claim_spec(cdi_dir: str, claim_uid: str) -> None:
     # The file is gone; making the removal durable is best effort.
     with contextlib.suppress(OSError):
         _fsync_dir(cdi_dir)
+
+
+def _unescape_mount(field: str) -> str:
+    # /proc/self/mounts writes space, tab, newline and backslash as octal escapes.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def on_memory_filesystem(path: str, mounts: str = "/proc/self/mounts") -> bool:
+    """True when ``path`` (or the closest existing directory above it) is on tmpfs/ramfs.
+
+    ``/var/run/cdi`` is a tmpfs on real nodes: a write there never waits for a device, so
+    handing it to a worker thread costs more than doing it. Unknown means False.
+    """
+    target = os.path.realpath(path)
+    try:
+        with open(mounts) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = _unescape_mount(fields[1])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype in ("tmpfs", "ramfs")
 
 
 # -- reading back ------------------------------------------------------------------------------

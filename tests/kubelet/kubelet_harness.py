@@ -92,6 +92,7 @@ def make_node(
     group_by: str = "numanode",
     reserved: str = "",
     persist: Callable[[], Awaitable[None]] | None = None,
+    offload_io: bool | None = None,
 ) -> Node:
     topo = topology(fixture)
     reserved_set = CPUSet.parse(reserved)
@@ -113,6 +114,7 @@ def make_node(
         node_name=NODE,
         persist=persist,
         on_change=lambda: changes.append(len(store)),
+        offload_io=offload_io,
     )
     return Node(topo, inventory, store, metrics, registry, claims, cdi_dir, service, changes)
 

@@ -16,6 +16,7 @@ from dracpu.cdi import (
     claim_spec_bytes,
     claim_spec_path,
     device_env,
+    on_memory_filesystem,
     read_claim_specs,
     remove_claim_spec,
     write_claim_spec,
@@ -220,3 +221,20 @@ def test_device_env_conflict(tmp_path: Path) -> None:
     with pytest.raises(CDIError) as info:
         device_env(str(tmp_path), ["dra.k8s.io/cpu=claim-u1"])
     assert str(info.value) == 'conflicting CDI specs define device "dra.k8s.io/cpu=claim-u1"'
+
+
+def test_on_memory_filesystem(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw,relatime 0 0\n"
+        "tmpfs /run tmpfs rw,nosuid 0 0\n"
+        "/dev/vdb /run/disk\\040dir ext4 rw 0 0\n"
+        "tmpfs /var/lib/kubelet tmpfs rw 0 0\n"
+    )
+    m = str(mounts)
+    assert on_memory_filesystem("/run/cdi", m)
+    assert on_memory_filesystem("/run", m)
+    assert not on_memory_filesystem("/run/disk dir/cdi", m)
+    assert not on_memory_filesystem("/runner/cdi", m)  # a prefix of the name is not a parent
+    assert not on_memory_filesystem("/etc/cdi", m)
+    assert not on_memory_filesystem("/run/cdi", str(tmp_path / "no-such-file"))

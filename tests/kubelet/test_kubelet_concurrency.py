@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import grpc
@@ -253,3 +254,23 @@ async def test_cancelled_during_persist_still_commits(cdi_dir: str) -> None:
     cpus = node.store.cpus_of("p3")
     assert cpus is not None and len(cpus) == 2
     assert read_claim_specs(cdi_dir).claims == {"p3": cpus}
+
+
+@pytest.mark.parametrize("offload_io", [False, True, None])
+async def test_file_io_inline_or_in_a_thread(offload_io: bool | None) -> None:
+    # None decides by the filesystem: /dev/shm is a tmpfs, so the writes happen inline.
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    cdi_dir = tempfile.mkdtemp(dir=base, prefix="dracpu-cdi.")
+    try:
+        node = make_node(cdi_dir, offload_io=offload_io)
+        c = claim("io-1", result("cpudevnuma000", 2), name="web")
+        node.claims.put(c)
+        ref = ClaimRef(namespace="default", name="web", uid="io-1")
+        assert (await node.service.prepare([ref]))["io-1"].error == ""
+        if offload_io is None and base is not None:
+            assert node.service._offload_io is False
+        assert read_claim_specs(cdi_dir).claims == {"io-1": node.store.cpus_of("io-1")}
+        assert (await node.service.unprepare([ref]))["io-1"].error == ""
+        assert os.listdir(cdi_dir) == []
+    finally:
+        shutil.rmtree(cdi_dir, ignore_errors=True)

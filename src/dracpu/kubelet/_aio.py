@@ -47,8 +47,11 @@ class Serializer:
             self._asyncio = asyncio.Lock()
         return self._asyncio
 
-    async def run_blocking(self, fn: Callable[..., T], *args: object) -> T:
-        """Run a blocking filesystem call in a worker thread; it always runs to completion."""
+    async def run_blocking(self, fn: Callable[..., T], *args: object, inline: bool = False) -> T:
+        """Run a blocking filesystem call in a worker thread (or here, when ``inline``); it
+        always runs to completion."""
+        if inline:
+            return fn(*args)
         if _on_trio():
             if self._threads is None:
                 self._threads = trio.CapacityLimiter(2)

@@ -35,7 +35,13 @@ from dracpu.allocation.prepare import (
     rollback,
 )
 from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, StoreError
-from dracpu.cdi import CDIError, check_claim_uid, remove_claim_spec, write_claim_spec
+from dracpu.cdi import (
+    CDIError,
+    check_claim_uid,
+    on_memory_filesystem,
+    remove_claim_spec,
+    write_claim_spec,
+)
 from dracpu.cpuset import CPUSet
 from dracpu.k8s.claims import ClaimReadError
 from dracpu.kubelet._aio import Serializer, shielded
@@ -146,6 +152,7 @@ class DRAService:
         persist: Persist | None = None,
         on_change: Callable[[], None] | None = None,
         tracker: ClaimTracker | None = None,
+        offload_io: bool | None = None,
     ) -> None:
         self.claims = claims
         self.store = store
@@ -159,7 +166,15 @@ class DRAService:
         self._on_change = on_change
         self._tracker = tracker
         self._serial = Serializer()
+        # None: decided at the first write, in a worker thread unless on tmpfs.
+        self._offload_io = offload_io
         self.refresh_gauges()
+
+    async def _file_io(self, fn: Callable[..., None] | Callable[..., str], *args: object) -> None:
+        """Spec file I/O: inline on tmpfs (cheaper than a thread hop), else in a thread."""
+        if self._offload_io is None:
+            self._offload_io = not on_memory_filesystem(self.cdi_dir)
+        await self._serial.run_blocking(fn, *args, inline=not self._offload_io)
 
     def refresh_gauges(self) -> None:
         snap = self.store.snapshot()
@@ -227,7 +242,7 @@ class DRAService:
     async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
         """The file half of a prepare; on failure undo it per §8.6 and return the error."""
         try:
-            await self._serial.run_blocking(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
+            await self._file_io(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
         except CDIError as exc:
             rollback(self.store, plan)
             return str(exc)
@@ -238,7 +253,7 @@ class DRAService:
         except Exception as exc:
             rollback(self.store, plan)
             try:
-                await self._serial.run_blocking(remove_claim_spec, self.cdi_dir, claim.uid)
+                await self._file_io(remove_claim_spec, self.cdi_dir, claim.uid)
             except CDIError as rm_exc:
                 log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
             return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
@@ -268,7 +283,7 @@ class DRAService:
             # No spec can exist under such a name; a claim we never had is simply done.
             return ("", False) if record is None else (str(exc), False)
         try:
-            await self._serial.run_blocking(remove_claim_spec, self.cdi_dir, ref.uid)
+            await self._file_io(remove_claim_spec, self.cdi_dir, ref.uid)
         except CDIError as exc:
             log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
             return str(exc), False
@@ -283,9 +298,7 @@ class DRAService:
                 # and the kubelet retries the unprepare.
                 self.store.reserve(record)
                 try:
-                    await self._serial.run_blocking(
-                        write_claim_spec, self.cdi_dir, ref.uid, record.cpus
-                    )
+                    await self._file_io(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
                 except CDIError as write_exc:
                     log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
                 return f"failed to record claim {ref.namespace}/{ref.name}: {exc}", False

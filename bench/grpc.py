@@ -1,0 +1,243 @@
+"""NodePrepareResources through the real DRA handler: dracpu's Trio server vs grpclib's.
+
+Both servers run the same ``DRAService`` handler objects (grouped NUMA mode on the 128-CPU
+epyc-nps4 fixture, claims served from memory, CDI specs written to a temp dir) in a child
+process; a grpcio client in this process calls prepare then unprepare, so the node never
+fills up. Latency is measured with one call in flight, as a kubelet preparing one pod at a
+time sends them (prepare/unprepare are serialized, so with N in flight a call also waits
+for the N-1 before it); throughput with 16 clients in flight. Runs alternate A/B;
+latencies are pooled over the runs of a server, calls/s and the ratio are medians
+(protocols.md §1.13).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is named like the grpcio package; keep its directory off the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+if __name__ == "grpc":
+    # A sibling script (bench/*.py has bench/ first on its path) asked for grpcio and found
+    # this file: hand the real package over in our place (the import system returns
+    # whatever sys.modules holds under the name once this module has run).
+    import importlib
+
+    del sys.modules["grpc"]
+    sys.modules["grpc"] = importlib.import_module("grpc")
+
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+FIXTURE = Path(_HERE).parent / "tests" / "fake_sysfs" / "epyc-nps4"
+IN_FLIGHT = 16
+CLAIMS_PER_CLIENT = 8
+ROUNDS = 10  # each client prepares and unprepares each of its claims this many times
+LATENCY_CYCLES = 300
+PAIRS = 4
+SERVERS = ("trio", "grpclib")
+NODE = "node-a"
+SPEC_TMPFS = "/dev/shm"
+
+
+def _claims() -> list[Any]:
+    from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+
+    return [
+        ClaimAllocation(
+            uid=f"6f1c2a3e-0b5d-4c1e-9a57-{i:012d}",
+            namespace="default",
+            name=f"claim-{i}",
+            results=(
+                AllocationResult(
+                    request="cpus",
+                    driver="dra.cpu",
+                    pool=NODE,
+                    device=f"cpudevnuma{i % 4:03d}",
+                    consumed_capacity={"dra.cpu/cpu": "1"},
+                ),
+            ),
+        )
+        for i in range(IN_FLIGHT * CLAIMS_PER_CLIENT)
+    ]
+
+
+def _service(cdi_dir: str) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    from dracpu.allocation.store import AllocationStore
+    from dracpu.cpuset import CPUSet
+    from dracpu.devices import DeviceSettings, build_inventory
+    from dracpu.kubelet import DRAService, MemoryClaimSource
+    from dracpu.metrics import DriverMetrics
+    from dracpu.topology import discover_from_root
+
+    topo = discover_from_root(FIXTURE)
+    return DRAService(
+        claims=MemoryClaimSource(_claims()),
+        store=AllocationStore(topo.all_cpus, CPUSet()),
+        inventory=build_inventory(topo, DeviceSettings(mode="grouped", group_by="numanode")),
+        topology=topo,
+        online=topo.online,
+        cdi_dir=cdi_dir,
+        metrics=DriverMetrics(CollectorRegistry()),
+        node_name=NODE,
+    )
+
+
+def _serve(kind: str, path: str, cdi_dir: str) -> None:
+    service = _service(cdi_dir)
+    if kind == "trio":
+        import trio
+
+        from dracpu.grpc import serve_unix
+
+        trio.run(serve_unix, path, service.grpc_handlers())
+    else:
+        import asyncio
+
+        from grpclib.server import Server
+
+        class Handlers:
+            """grpclib wants objects with ``__mapping__``; these are the same handlers."""
+
+            def __mapping__(self) -> Any:
+                return service.grpc_handlers()
+
+        async def main() -> None:
+            server = Server([Handlers()])
+            await server.start(path=path)
+            await server.wait_closed()
+
+        asyncio.run(main())
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _client(
+    channel: Any,
+    claims: list[Any],
+    latencies: list[float],
+    errors: list[str],
+    rounds: int = ROUNDS,
+) -> None:
+    from dracpu.proto.dra.v1 import api_pb2 as pb
+
+    prepare = channel.unary_unary(
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+    )
+    unprepare = channel.unary_unary(
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+    )
+    for _ in range(rounds):
+        for c in claims:
+            ref = pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name)
+            t0 = time.perf_counter()
+            reply = prepare(pb.NodePrepareResourcesRequest(claims=[ref]), timeout=30)
+            latencies.append(time.perf_counter() - t0)
+            if reply.claims[c.uid].error:
+                errors.append(reply.claims[c.uid].error)
+            unprepare(pb.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30)
+
+
+def _run_once(kind: str) -> tuple[float, float, list[float]]:
+    import grpc
+
+    work = tempfile.mkdtemp(dir="/tmp", prefix="bench.")
+    # /var/run/cdi is a tmpfs on real nodes; a disk's fsync would measure the disk.
+    cdi_parent = tempfile.mkdtemp(dir=SPEC_TMPFS if os.path.isdir(SPEC_TMPFS) else None)
+    path, cdi_dir = work + "/s.sock", cdi_parent + "/cdi"
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, path, cdi_dir])
+    try:
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        channel = grpc.insecure_channel("unix:" + path)
+        grpc.channel_ready_future(channel).result(timeout=10)
+        claims = _claims()
+        errors: list[str] = []
+        _client(channel, claims[:1], [], errors, rounds=20)  # warm up both sides
+        latencies: list[float] = []
+        _client(channel, claims[:1], latencies, errors, rounds=LATENCY_CYCLES)
+        calls: list[float] = []
+        threads = [
+            threading.Thread(
+                target=_client,
+                args=(channel, claims[i::IN_FLIGHT], calls, errors),
+            )
+            for i in range(IN_FLIGHT)
+        ]
+        cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        cpu = _cpu_seconds(proc.pid) - cpu0
+        channel.close()
+        if errors:
+            raise SystemExit(f"{kind}: prepare failed: {errors[0]}")
+        # Server CPU per prepare+unprepare pair.
+        return len(calls) / elapsed, cpu / len(calls) * 1e6, latencies
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(cdi_parent, ignore_errors=True)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    runs: dict[str, list[tuple[float, float, list[float]]]] = {k: [] for k in SERVERS}
+    for i in range(PAIRS):
+        for kind in SERVERS if i % 2 == 0 else SERVERS[::-1]:
+            runs[kind].append(_run_once(kind))
+    figures = {}
+    for kind in SERVERS:
+        pooled = [x for _, _, lat in runs[kind] for x in lat]
+        figures[kind] = (
+            _quantile(pooled, 0.50) * 1e3,
+            _quantile(pooled, 0.99) * 1e3,
+            statistics.median(r for r, _, _ in runs[kind]),
+            statistics.median(c for _, c, _ in runs[kind]),
+        )
+    ratio = statistics.median(
+        t[0] / g[0] for t, g in zip(runs["trio"], runs["grpclib"], strict=True)
+    )
+    p50, p99, rps, cpu = figures["trio"]
+    print(f"prepare_p50_ms: {p50:.2f} ms")
+    print(f"prepare_p99_ms: {p99:.2f} ms")
+    print(f"prepare_rps: {rps:.0f} calls/s")
+    print(f"prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
+    print(f"ratio_vs_grpclib: {ratio:.2f} x")
+    p50, p99, rps, cpu = figures["grpclib"]
+    print(f"grpclib_prepare_p50_ms: {p50:.2f} ms")
+    print(f"grpclib_prepare_p99_ms: {p99:.2f} ms")
+    print(f"grpclib_prepare_rps: {rps:.0f} calls/s")
+    print(f"grpclib_prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+        _serve(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        main()
