@@ -469,15 +469,21 @@ def _cmd_map(argv: Sequence[str]) -> int:
 def _cmd_sim(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(
-            "usage: dracpu sim apiserver [--port N] --kubeconfig-out FILE\n\n"
+            "usage: dracpu sim apiserver|runtime [flags]\n\n"
             "Run parts of the simulated node on their own.\n\n"
             "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
         )
         if not argv:
-            raise CLIError("sim requires a subcommand; supported subcommands: apiserver")
+            raise CLIError("sim requires a subcommand; supported subcommands: apiserver, runtime")
         return 0
+    if argv[0] == "runtime":
+        from dracpu.sim.runtime.__main__ import main as runtime_main
+
+        return runtime_main(list(argv[1:]))
     if argv[0] != "apiserver":
-        raise CLIError(f'unknown sim subcommand "{argv[0]}"; supported subcommands: apiserver')
+        raise CLIError(
+            f'unknown sim subcommand "{argv[0]}"; supported subcommands: apiserver, runtime'
+        )
     import trio
 
     from dracpu.sim.apiserver import main_apiserver

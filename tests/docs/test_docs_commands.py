@@ -20,7 +20,8 @@ from dracpu.cli import SUBCOMMANDS
 SHELL_MARKERS = ("run", "cluster-only", "pending", "ci")
 OTHER_MARKERS = ("output", "attributes", "cel grouped", "cel individual")
 # Built by the daemon and demo work; their blocks switch to `run` when those land.
-PENDING_COMMANDS = {("dracpu", "demo"), ("dracpu", "map"), ("dracpu", "run"), ("make", "demo")}
+# Commands documented before they exist; every documented command is built today.
+PENDING_COMMANDS: set[tuple[str, str]] = set()
 CLUSTER_PROGRAMS = {"kubectl", "curl", "containerd", "crio", "ls", "docker", "dracpu"}
 BLOCK_TIMEOUT = 120
 
@@ -49,7 +50,9 @@ def _program(word: str) -> str:
 
 
 def test_docs_have_shell_blocks_of_every_kind() -> None:
-    assert {b.marker for b in _SHELL} == set(SHELL_MARKERS)
+    markers = {b.marker for b in _SHELL}
+    assert markers <= set(SHELL_MARKERS)
+    assert {"run", "cluster-only", "ci"} <= markers
     assert len(_marked("run")) >= 10
 
 
