@@ -334,6 +334,7 @@ async def test_prepare_then_containers_get_the_cdi_env(node: Node) -> None:
     await node.kubelet.sync_pods()
 
     assert plugin.prepare_calls == [[("default", "c1", uid)]]
+    assert plugin.packages_called == ["v1"]
     st = node.state(pod)
     assert st.phase == "Running"
     assert st.errors == []
@@ -353,6 +354,18 @@ async def test_prepare_then_containers_get_the_cdi_env(node: Node) -> None:
     assert len(plugin.prepare_calls) == 1
     snap = node.kubelet.snapshot()["pods"]["default/web"]
     assert snap["containers"]["main"]["env"] == container.env
+
+
+async def test_a_v1beta1_only_plugin_is_called_on_v1beta1(node: Node) -> None:
+    plugin = node.plugin(versions=("v1beta1.DRAPlugin",))
+    await node.kubelet.sync_plugins()
+    pod, claim = node.pod_with_claim("web", "c1")
+    await node.kubelet.sync_pods()
+    assert node.state(pod).phase == "Running"
+    node.server.delete("pods", "web", "default")
+    await node.kubelet.sync_pods()
+    assert plugin.packages_called == ["v1beta1", "v1beta1"]
+    assert plugin.unprepare_calls == [[("default", "c1", claim["metadata"]["uid"])]]
 
 
 async def test_only_containers_that_list_the_claim_get_its_env(node: Node) -> None:

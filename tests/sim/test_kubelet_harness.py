@@ -69,6 +69,7 @@ class FakePlugin:
     notifications: list[tuple[bool, str]] = field(default_factory=list)
     get_info_calls: int = 0
     prepare_calls: list[list[tuple[str, str, str]]] = field(default_factory=list)
+    packages_called: list[str] = field(default_factory=list)  # "v1" / "v1beta1" per DRA call
     unprepare_calls: list[list[tuple[str, str, str]]] = field(default_factory=list)
     # Hooks returning an error text for a claim uid (per-claim error), or raising to abort.
     prepare_error: Callable[[str], str] | None = None
@@ -117,6 +118,7 @@ class FakePlugin:
         def handler(request: Any, context: Any) -> Any:
             claims = [(c.namespace, c.name, c.uid) for c in request.claims]
             with self._lock:
+                self.packages_called.append(pb.DESCRIPTOR.package.rsplit(".", 1)[1])
                 self.prepare_calls.append(claims)
                 self.timeline.append(("prepare", *[c[2] for c in claims]))
             if self.abort_prepare:
@@ -148,6 +150,7 @@ class FakePlugin:
         def handler(request: Any, context: Any) -> Any:
             claims = [(c.namespace, c.name, c.uid) for c in request.claims]
             with self._lock:
+                self.packages_called.append(pb.DESCRIPTOR.package.rsplit(".", 1)[1])
                 self.unprepare_calls.append(claims)
                 self.timeline.append(("unprepare", *[c[2] for c in claims]))
             response = pb.NodeUnprepareResourcesResponse()

@@ -180,6 +180,20 @@ def test_two_requests_of_one_claim_share_one_device_with_distinct_share_ids() ->
     ]
 
 
+def test_several_shared_devices_with_capacity_left() -> None:
+    fixture = slices("xeon-snc")  # four NUMA devices of 20
+    # Fill three devices to 15 of 20: only one keeps 10 CPUs free.
+    held = AllocatedDevices()
+    for i in range(3):
+        held.add(run(claim(request(cpus=15), name=f"x{i}"), fixture, held))
+    assert reason(claim(request(cpus=10, count=2), name="pair"), fixture, allocated=held) == (
+        'claim default/pair: request "cpus": needs 2 devices in class dra.cpu on node-a '
+        "with 10 dra.cpu/cpu capacity left, 1 has it (largest: 20)"
+    )
+    both = run(claim(request(cpus=5, count=2), name="pair"), fixture, held)
+    assert devices_of(both) == ["cpudevnuma000", "cpudevnuma001"]
+
+
 def test_fractional_capacity_is_exact() -> None:
     fixture = slices("vm-1cpu")  # one device of 1 CPU
     first = run(claim(request(cpus="500m")), fixture)

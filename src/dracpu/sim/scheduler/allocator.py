@@ -589,7 +589,7 @@ def _explain_capacity(
         return f"no device {where} has {_q(amount)} {name} capacity left (largest: {_q(big)})"
     return (
         f"needs {need} devices {where} with {_q(amount)} {name} capacity left, "
-        f"{free} have it (largest: {_q(big)})"
+        f"{free} {'has' if free == 1 else 'have'} it (largest: {_q(big)})"
     )
 
 
