@@ -357,8 +357,9 @@ def _cmd_gatherinfo(argv: Sequence[str]) -> int:
 
 
 def _driver_config_of(argv: list[str], resolve: Callable[[str], str]) -> object:
-    from dracpu.config import ConfigError, DriverConfig, reconstruct_from_cmdline
+    from dracpu.config import ConfigError, DriverConfig, driver_argv, reconstruct_from_cmdline
 
+    argv = driver_argv(argv)
     if not argv or os.path.basename(argv[0]) != "dracpu":
         return DriverConfig()
     try:

@@ -27,7 +27,7 @@ import os
 import posixpath
 import re
 import socket
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -566,6 +566,22 @@ def _known_flag_args(args: list[str]) -> list[str]:
     return kept
 
 
+def driver_argv(argv: Sequence[str]) -> list[str]:
+    """The driver's command line as if it were a binary called ``dracpu``.
+
+    A Python entry point runs as ``python3.11 /usr/local/bin/dracpu run ...`` (its `comm` is
+    still ``dracpu``) or ``python -m dracpu run ...``: the interpreter words are dropped.
+    Any other command line is returned unchanged.
+    """
+    words = list(argv)
+    if words and posixpath.basename(words[0]).startswith("python"):
+        if len(words) > 1 and posixpath.basename(words[1]) == "dracpu":
+            return words[1:]
+        if words[1:3] == ["-m", "dracpu"]:
+            return ["dracpu", *words[3:]]
+    return words
+
+
 def reconstruct_from_cmdline(argv: list[str], resolve_path: Callable[[str], str]) -> DriverConfig:
     """The config a running driver uses, from its command line (behavior.md §2.5 step 3).
 
@@ -573,6 +589,7 @@ def reconstruct_from_cmdline(argv: list[str], resolve_path: Callable[[str], str]
     process can open (inside /proc/<pid>/root or /proc/<pid>/cwd).
     """
     cfg = DriverConfig()
+    argv = driver_argv(argv)
     if not argv or posixpath.basename(argv[0]) != "dracpu":
         return cfg
     try:

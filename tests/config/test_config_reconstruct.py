@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dracpu.config import ConfigError, DriverConfig, reconstruct_from_cmdline
+from dracpu.config import ConfigError, DriverConfig, driver_argv, reconstruct_from_cmdline
 
 
 class DriverFS:
@@ -161,3 +161,27 @@ def test_kubelet_root_is_cleaned(driver_fs: DriverFS) -> None:
     assert rebuild(driver_fs, "--kubelet-root-dir", "/mnt/a/../kubelet//").kubeletRootDir == (
         "/mnt/kubelet"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/usr/local/bin/python3.11", "/usr/local/bin/dracpu", "run", "--group-by=socket"],
+        ["python3", "-m", "dracpu", "run", "--group-by", "socket"],
+        ["/dracpu", "--group-by=socket"],
+    ],
+)
+def test_python_entry_point_command_lines_are_read(argv: list[str]) -> None:
+    # In the image the daemon is a Python script: its cmdline starts with the interpreter.
+    cfg = reconstruct_from_cmdline(argv, lambda p: p)
+    assert cfg.groupBy == "socket"
+
+
+def test_driver_argv_leaves_other_programs_alone() -> None:
+    assert driver_argv(["python3", "other.py", "--group-by=socket"]) == [
+        "python3",
+        "other.py",
+        "--group-by=socket",
+    ]
+    assert driver_argv(["python3"]) == ["python3"]
+    assert driver_argv([]) == []
