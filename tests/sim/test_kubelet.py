@@ -662,3 +662,29 @@ async def test_run_registers_and_starts_pods(node: Node, nursery: trio.Nursery) 
             await trio.sleep(0.02)
     env = kubelet.pods[pod["metadata"]["uid"]].containers["main"].env
     assert env[-1] == f"DRA_CPUSET_{claim['metadata']['uid']}=0-3"
+
+
+async def test_the_runtime_simulator_behind_the_adapter(
+    nursery: trio.Nursery, tmp_path: Path, root: str
+) -> None:
+    from dracpu.sim.kubelet import PodRuntimeAdapter
+    from dracpu.sim.runtime import RuntimeSimulator
+
+    node = await make_node(nursery, tmp_path, root)
+    try:
+        simulator = RuntimeSimulator(str(tmp_path / "nri.sock"), str(tmp_path / "cgroup"))
+        node.kubelet.runtime = PodRuntimeAdapter(simulator)
+        node.plugin()
+        await node.kubelet.sync_plugins()
+        pod, claim = node.pod_with_claim("web", "c1")
+        await node.kubelet.sync_pods()
+        [container] = simulator.containers
+        assert container.env == ["GREETING=hi", f"DRA_CPUSET_{claim['metadata']['uid']}=0-3"]
+        assert container.pod_uid == pod["metadata"]["uid"]
+        node.server.delete("pods", "web", "default")
+        await node.kubelet.sync_pods()
+        assert simulator.containers == []
+        assert node.state(pod).phase == "Terminated"
+    finally:
+        node.stop()
+        node.api.close()

@@ -8,7 +8,12 @@ from dracpu.sim.kubelet.dra import ClaimRef, PreparedDevice
 from dracpu.sim.kubelet.kubelet import RegisteredPlugin, RegistrationEvent, SimKubelet
 from dracpu.sim.kubelet.pods import Backoff, ContainerState, PodState, PreparedClaim
 from dracpu.sim.kubelet.registration import PluginRejected, validate_plugin
-from dracpu.sim.kubelet.runtime import ContainerRuntime, ContainerRuntimeError, MemoryRuntime
+from dracpu.sim.kubelet.runtime import (
+    ContainerRuntime,
+    ContainerRuntimeError,
+    MemoryRuntime,
+    PodRuntimeAdapter,
+)
 
 __all__ = [
     "Backoff",
@@ -18,6 +23,7 @@ __all__ = [
     "ContainerState",
     "MemoryRuntime",
     "PluginRejected",
+    "PodRuntimeAdapter",
     "PodState",
     "PreparedClaim",
     "PreparedDevice",

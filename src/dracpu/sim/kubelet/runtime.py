@@ -1,17 +1,19 @@
 """What the simulated kubelet needs from a container runtime, and an in-memory one.
 
-``ContainerRuntime`` is the CRI subset the kubelet drives; the NRI runtime simulator
-implements it to run real NRI hooks. ``MemoryRuntime`` only records what it was asked to
-do, for tests and for a demo without NRI.
+``ContainerRuntime`` is the CRI subset the kubelet drives. ``PodRuntimeAdapter`` puts the
+NRI runtime simulator (``dracpu.sim.runtime.RuntimeSimulator``: ``create_pod`` /
+``remove_pod``) behind it, so containers go through real NRI hooks. ``MemoryRuntime`` only
+records what it was asked to do, for tests and for a demo without NRI.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["ContainerRuntime", "ContainerRuntimeError", "MemoryRuntime"]
+__all__ = ["ContainerRuntime", "ContainerRuntimeError", "MemoryRuntime", "PodRuntimeAdapter"]
 
 
 class ContainerRuntimeError(Exception):
@@ -30,6 +32,42 @@ class ContainerRuntime(Protocol):
     async def remove_container(self, container_id: str) -> None: ...
 
     async def remove_pod_sandbox(self, pod_uid: str) -> None: ...
+
+
+class PodRuntime(Protocol):
+    """The runtime simulator's own names for the sandbox calls."""
+
+    async def create_pod(self, pod_uid: str, name: str, namespace: str = "default") -> str: ...
+
+    async def create_container(self, pod_uid: str, name: str, env: Sequence[str] = ()) -> str: ...
+
+    async def stop_container(self, container_id: str) -> None: ...
+
+    async def remove_container(self, container_id: str) -> None: ...
+
+    async def remove_pod(self, pod_uid: str) -> None: ...
+
+
+class PodRuntimeAdapter:
+    """A ``ContainerRuntime`` over a ``PodRuntime`` (the NRI runtime simulator)."""
+
+    def __init__(self, runtime: PodRuntime) -> None:
+        self.runtime = runtime
+
+    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None:
+        await self.runtime.create_pod(pod_uid, name, namespace)
+
+    async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
+        return await self.runtime.create_container(pod_uid, name, env)
+
+    async def stop_container(self, container_id: str) -> None:
+        await self.runtime.stop_container(container_id)
+
+    async def remove_container(self, container_id: str) -> None:
+        await self.runtime.remove_container(container_id)
+
+    async def remove_pod_sandbox(self, pod_uid: str) -> None:
+        await self.runtime.remove_pod(pod_uid)
 
 
 @dataclass
