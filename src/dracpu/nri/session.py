@@ -410,8 +410,9 @@ class NRISession:
         try:
             async with stream, trio.open_nursery() as nursery:
 
-                async def read() -> None:
+                async def read(*, task_status: trio.TaskStatus[None]) -> None:
                     nonlocal reason
+                    task_status.started()
                     try:
                         reason = await peer.run()
                     except ProtocolError as exc:
@@ -441,9 +442,9 @@ class NRISession:
                         self._plugin_name,
                     )
 
-                # The read loop (which serves Configure/Synchronize) runs before and while
-                # RegisterPlugin is in flight.
-                nursery.start_soon(read)
+                # Serve conn 1 first: Configure and Synchronize may arrive before the
+                # RegisterPlugin reply (protocols.md 6.4).
+                await nursery.start(read)
                 nursery.start_soon(register)
         finally:
             synchronized = self._synchronized

@@ -108,7 +108,7 @@ class SimContainer:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class _Plugin:
     peer: MuxPeer
     stream: trio.SocketStream
@@ -158,6 +158,7 @@ class RuntimeSimulator:
         self._containers: dict[str, SimContainer] = {}
         self._lock = trio.Lock()
         self._plugin: _Plugin | None = None
+        self._connections: set[_Plugin] = set()
         self._plugin_changed = trio.Event()
         self._listener: trio.SocketListener | None = None
         self._listener_changed = trio.Event()
@@ -280,7 +281,8 @@ class RuntimeSimulator:
             await listener.aclose()
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        await self.drop_connection()
+        for plugin in list(self._connections):
+            await self._drop(plugin, "runtime restarting")
         await trio.sleep(downtime)
         await self._listen()
 
@@ -309,7 +311,15 @@ class RuntimeSimulator:
         )
         plugin = _Plugin(peer=peer, stream=stream)
         holder.append(plugin)
-        async with stream, trio.open_nursery() as nursery:
+        self._connections.add(plugin)
+        try:
+            await self._run_connection(plugin)
+        finally:
+            self._connections.discard(plugin)
+
+    async def _run_connection(self, plugin: _Plugin) -> None:
+        peer = plugin.peer
+        async with plugin.stream, trio.open_nursery() as nursery:
             plugin.nursery = nursery
 
             async def read() -> None:
