@@ -43,6 +43,7 @@ __all__ = [
     "CDI_VERSION",
     "CDIError",
     "CDIScan",
+    "atomic_write",
     "check_claim_uid",
     "claim_spec_bytes",
     "claim_spec_path",
@@ -132,38 +133,48 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _ensure_dir(cdi_dir: str) -> None:
-    if os.path.isdir(cdi_dir):
+def _ensure_dir(path: str, mode: int = 0o755) -> None:
+    if os.path.isdir(path):
         return
-    os.makedirs(cdi_dir, mode=0o755, exist_ok=True)
-    os.chmod(cdi_dir, 0o755)  # makedirs' mode is filtered by the umask
+    os.makedirs(path, mode=mode, exist_ok=True)
+    os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+
+
+def atomic_write(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o755) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never half.
+
+    The temp name ``spec.*.tmp`` does not end in ``.json``, so runtimes watching the
+    directory ignore it. Raises OSError; the temp file never survives a failure.
+    """
+    parent = os.path.dirname(path) or "."
+    _ensure_dir(parent, dir_mode)
+    # mkstemp creates the file 0600.
+    fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if mode != 0o600:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(parent)
 
 
 def write_claim_spec(cdi_dir: str, claim_uid: str, cpus: CPUSet) -> str:
     """Write (or overwrite with identical content) the claim's spec atomically; its path."""
     path = claim_spec_path(cdi_dir, claim_uid)
-    data = claim_spec_bytes(claim_uid, cpus)
-    tmp: str | None = None
     try:
-        _ensure_dir(cdi_dir)
-        # mkstemp creates the file 0600; the ".tmp" suffix keeps runtimes from loading it.
-        fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=cdi_dir)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        tmp = None
-        _fsync_dir(cdi_dir)
+        atomic_write(path, claim_spec_bytes(claim_uid, cpus))
     except OSError as exc:
         raise CDIError(f"failed to write CDI spec {go_quote(path)}: {_describe(exc)}") from exc
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return path
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from grpclib.const import Handler, Status
@@ -46,6 +46,7 @@ from dracpu.cpuset import CPUSet
 from dracpu.k8s.claims import ClaimReadError
 from dracpu.kubelet._aio import Serializer, shielded
 from dracpu.kubelet.claims import ClaimSource
+from dracpu.kubelet.metadata import DeviceAttributes, remove_claim_metadata, write_claim_metadata
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_grpc as v1_grpc
 from dracpu.proto.dra.v1 import api_pb2 as v1_pb
@@ -65,6 +66,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Persist = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +155,7 @@ class DRAService:
         on_change: Callable[[], None] | None = None,
         tracker: ClaimTracker | None = None,
         offload_io: bool | None = None,
+        plugin_data_dir: str | None = None,
     ) -> None:
         self.claims = claims
         self.store = store
@@ -168,13 +171,29 @@ class DRAService:
         self._serial = Serializer()
         # None: decided at the first write, in a worker thread unless on tmpfs.
         self._offload_io = offload_io
+        # Device metadata (§10.3) is written when the plugin's data dir is given.
+        self.plugin_data_dir = plugin_data_dir
         self.refresh_gauges()
 
-    async def _file_io(self, fn: Callable[..., None] | Callable[..., str], *args: object) -> None:
+    async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
+        await self._file_io_result(fn, *args)
+
+    async def _file_io_result(self, fn: Callable[..., T], *args: object) -> T:
         """Spec file I/O: inline on tmpfs (cheaper than a thread hop), else in a thread."""
         if self._offload_io is None:
             self._offload_io = not on_memory_filesystem(self.cdi_dir)
-        await self._serial.run_blocking(fn, *args, inline=not self._offload_io)
+        return await self._serial.run_blocking(fn, *args, inline=not self._offload_io)
+
+    async def _remove_metadata(self, ref: ClaimRef) -> None:
+        if self.plugin_data_dir is not None:
+            await self._file_io(
+                remove_claim_metadata,
+                self.plugin_data_dir,
+                self.cdi_dir,
+                ref.namespace,
+                ref.name,
+                ref.uid,
+            )
 
     def refresh_gauges(self) -> None:
         snap = self.store.snapshot()
@@ -237,7 +256,29 @@ class DRAService:
             log.info("prepared claim %s uid=%s cpus=%s", where, claim.uid, plan.cpus)
             self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
             self.refresh_gauges()
-        return ClaimPrepareResult(devices=_reply_devices(claim, plan)), new
+        devices = _reply_devices(claim, plan)
+        if self.plugin_data_dir is not None:
+            devices = await self._with_metadata(claim, plan, devices)
+        return ClaimPrepareResult(devices=devices), new
+
+    async def _with_metadata(
+        self, claim: ClaimAllocation, plan: ClaimPlan, devices: tuple[PreparedDeviceReply, ...]
+    ) -> tuple[PreparedDeviceReply, ...]:
+        """Write the device metadata (§10.3); its CDI id goes on each request's first device."""
+        assert self.plugin_data_dir is not None
+        inventory = self.inventory if isinstance(self.inventory, DeviceAttributes) else None
+        ids = await self._file_io_result(
+            write_claim_metadata, self.plugin_data_dir, self.cdi_dir, claim, plan.devices, inventory
+        )
+        out = list(devices)
+        for request, cdi_id in ids.items():
+            for index, device in enumerate(out):
+                if request in device.request_names:
+                    out[index] = msgspec.structs.replace(
+                        device, cdi_device_ids=(*device.cdi_device_ids, cdi_id)
+                    )
+                    break
+        return tuple(out)
 
     async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
         """The file half of a prepare; on failure undo it per §8.6 and return the error."""
@@ -288,6 +329,7 @@ class DRAService:
             log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
             return str(exc), False
         if record is None:
+            await self._remove_metadata(ref)
             return "", False
         self.store.release(ref.uid)
         if self._persist is not None:
@@ -304,6 +346,7 @@ class DRAService:
                 return f"failed to record claim {ref.namespace}/{ref.name}: {exc}", False
         if self._tracker is not None:
             self._tracker.release([ref.uid])
+        await self._remove_metadata(ref)
         log.info(
             "unprepared claim %s/%s uid=%s cpus=%s", ref.namespace, ref.name, ref.uid, record.cpus
         )

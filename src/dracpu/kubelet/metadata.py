@@ -1,0 +1,208 @@
+"""Device metadata for prepared claims (behavior.md §7 step 4, §8.5 step 3, §10.3, §20).
+
+For each prepared request of a claim, a ``DeviceMetadata`` document goes to
+``<plugin dir>/dra-device-metadata/<namespace>_<name>/<request>/metadata.json`` and a CDI
+spec ``<cdi dir>/dra.cpu_metadata_<uid>_<request>.json`` bind-mounts it read-only into the
+container under ``/var/run/kubernetes.io/dra-device-attributes/``. The kubelet is told
+about it by one more CDI id on the request's first device. Failures here are logged, never
+a claim error: the CPUs are what the container needs.
+
+Documents are built by pure functions; ``write_claim_metadata`` and
+``remove_claim_metadata`` do the (blocking) file work.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from dracpu import DRIVER_NAME
+from dracpu.allocation.prepare import ClaimAllocation
+from dracpu.allocation.store import PreparedDevice
+from dracpu.cdi import atomic_write
+
+__all__ = [
+    "METADATA_DIR",
+    "DeviceAttributes",
+    "cdi_metadata_id",
+    "metadata_document",
+    "metadata_spec",
+    "remove_claim_metadata",
+    "write_claim_metadata",
+]
+
+log = logging.getLogger(__name__)
+
+METADATA_DIR = "dra-device-metadata"
+METADATA_API_VERSION = "metadata.resource.k8s.io/v1beta1"
+METADATA_CDI_VERSION = "0.5.0"  # the device name starts with the claim UID, often a digit
+METADATA_CDI_KIND = f"{DRIVER_NAME}/metadata"
+CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+ATTR_ALLOCATED_NUM_CPUS = "dra.cpu/allocatedNumCPUs"
+
+
+@runtime_checkable
+class DeviceAttributes(Protocol):
+    """The published devices' attributes (``devices.DeviceInventory`` provides them)."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def attributes_of(self, name: str) -> dict[str, Any]: ...
+
+
+def _base(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def cdi_metadata_id(claim_uid: str, request: str) -> str:
+    return f"{METADATA_CDI_KIND}={claim_uid}_{request}"
+
+
+def _device_entry(device: PreparedDevice, inventory: DeviceAttributes | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "driver": DRIVER_NAME,
+        "pool": device.pool_name,
+        "name": device.device_name,
+    }
+    # Only published devices carry attributes (machine mode may name others, §8.5).
+    if inventory is not None and device.device_name in inventory:
+        attributes = inventory.attributes_of(device.device_name)
+        if attributes:
+            if device.allocated_num_cpus is not None:
+                attributes[ATTR_ALLOCATED_NUM_CPUS] = {"int": device.allocated_num_cpus}
+            entry["attributes"] = attributes
+    return entry
+
+
+def metadata_document(
+    claim: ClaimAllocation,
+    request: str,
+    devices: Sequence[PreparedDevice],
+    inventory: DeviceAttributes | None,
+) -> dict[str, Any]:
+    """The ``DeviceMetadata`` of one base request: its (sub-)requests and their devices."""
+    by_request: dict[str, list[dict[str, Any]]] = {}
+    for device in devices:
+        for name in device.request_names:
+            if _base(name) == request:
+                by_request.setdefault(name, []).append(_device_entry(device, inventory))
+    return {
+        "apiVersion": METADATA_API_VERSION,
+        "kind": "DeviceMetadata",
+        "metadata": {
+            "name": claim.name,
+            "namespace": claim.namespace,
+            "uid": claim.uid,
+            "generation": 1,
+        },
+        "requests": [{"name": n, "devices": d} for n, d in by_request.items()],
+    }
+
+
+def metadata_spec(claim: ClaimAllocation, request: str, host_path: str) -> dict[str, Any]:
+    """The CDI spec that mounts one request's metadata file into the container."""
+    container_path = (
+        f"{CONTAINER_ROOT}/resourceclaims/{claim.name}/{request}/{DRIVER_NAME}-metadata.json"
+    )
+    return {
+        "cdiVersion": METADATA_CDI_VERSION,
+        "kind": METADATA_CDI_KIND,
+        "devices": [
+            {
+                "name": f"{claim.uid}_{request}",
+                "containerEdits": {
+                    "mounts": [
+                        {
+                            "hostPath": host_path,
+                            "containerPath": container_path,
+                            "options": ["ro", "bind"],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+
+
+def _safe(part: str) -> bool:
+    return bool(part) and "/" not in part and "\x00" not in part and part not in (".", "..")
+
+
+def _claim_dir(plugin_dir: str, namespace: str, name: str) -> str | None:
+    if not (_safe(namespace) and _safe(name)):
+        return None
+    return os.path.join(plugin_dir, METADATA_DIR, f"{namespace}_{name}")
+
+
+def write_claim_metadata(
+    plugin_dir: str,
+    cdi_dir: str,
+    claim: ClaimAllocation,
+    devices: Sequence[PreparedDevice],
+    inventory: DeviceAttributes | None,
+) -> dict[str, str]:
+    """Write each request's metadata file and CDI spec; base request -> CDI id written.
+
+    A request whose files could not be written is logged and left out of the result.
+    """
+    written: dict[str, str] = {}
+    claim_dir = _claim_dir(plugin_dir, claim.namespace, claim.name)
+    requests = dict.fromkeys(_base(r) for d in devices for r in d.request_names)
+    for request in requests:
+        if claim_dir is None or not _safe(request):
+            log.warning(
+                "device metadata skipped: unusable names in claim %s/%s request %r",
+                claim.namespace,
+                claim.name,
+                request,
+            )
+            continue
+        host_path = os.path.join(claim_dir, request, "metadata.json")
+        document = metadata_document(claim, request, devices, inventory)
+        spec = metadata_spec(claim, request, host_path)
+        spec_path = os.path.join(cdi_dir, f"{DRIVER_NAME}_metadata_{claim.uid}_{request}.json")
+        try:
+            atomic_write(host_path, json.dumps(document).encode() + b"\n", mode=0o644)
+            atomic_write(spec_path, json.dumps(spec, indent=2).encode())
+        except OSError as exc:
+            log.warning(
+                "failed to write device metadata for claim %s/%s request %s: %s",
+                claim.namespace,
+                claim.name,
+                request,
+                exc,
+            )
+            continue
+        written[request] = cdi_metadata_id(claim.uid, request)
+    return written
+
+
+def remove_claim_metadata(
+    plugin_dir: str, cdi_dir: str, namespace: str, name: str, uid: str
+) -> None:
+    """Remove a claim's metadata directory and metadata CDI specs; problems are logged."""
+    claim_dir = _claim_dir(plugin_dir, namespace, name)
+    if claim_dir is not None:
+        try:
+            shutil.rmtree(claim_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("failed to remove device metadata %s: %s", claim_dir, exc)
+    if not _safe(uid):
+        return
+    pattern = os.path.join(
+        glob.escape(cdi_dir), f"{DRIVER_NAME}_metadata_{glob.escape(uid)}_*.json"
+    )
+    for path in glob.glob(pattern):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("failed to remove device metadata spec %s: %s", path, exc)

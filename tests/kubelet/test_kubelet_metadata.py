@@ -1,0 +1,196 @@
+"""Device metadata files and their CDI specs (behavior.md §7 step 4, §8.5 step 3, §10.3,
+§20)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from kubelet_harness import (
+    NODE,
+    claim,
+    in_thread,
+    make_node,
+    prepare_request,
+    prepare_stub,
+    result,
+    serving,
+    short_dir,
+)
+
+from dracpu.cdi import device_env
+from dracpu.kubelet import ClaimRef, DRAService
+from dracpu.proto.dra.v1 import api_pb2 as dra_v1
+
+
+@pytest.fixture
+def dirs() -> Any:
+    cdi_dir, plugin_dir = short_dir("cdi."), short_dir("plug.")
+    yield cdi_dir, plugin_dir
+    shutil.rmtree(cdi_dir, ignore_errors=True)
+    shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def with_metadata(node: Any, plugin_dir: str) -> DRAService:
+    node.service = DRAService(
+        claims=node.claims,
+        store=node.store,
+        inventory=node.inventory,
+        topology=node.topology,
+        online=node.topology.online,
+        cdi_dir=node.cdi_dir,
+        metrics=node.metrics,
+        node_name=NODE,
+        plugin_data_dir=plugin_dir,
+    )
+    return node.service
+
+
+async def test_prepare_reply_and_files_match_section_20(
+    nursery: trio.Nursery, dirs: tuple[str, str]
+) -> None:
+    cdi_dir, plugin_dir = dirs
+    node = make_node(cdi_dir)
+    service = with_metadata(node, plugin_dir)
+    c = claim("uid-1", result("cpudevnuma001", 2), name="my-claim")
+    node.claims.put(c)
+    async with serving(nursery, service) as (_, ch):
+        reply = await in_thread(lambda: prepare_stub(ch)(prepare_request("v1", c), timeout=5))
+    assert reply == dra_v1.NodePrepareResourcesResponse(
+        claims={
+            "uid-1": dra_v1.NodePrepareResourceResponse(
+                devices=[
+                    dra_v1.Device(
+                        request_names=["cpus"],
+                        pool_name=NODE,
+                        device_name="cpudevnuma001",
+                        cdi_device_ids=[
+                            "dra.k8s.io/cpu=claim-uid-1",
+                            "dra.cpu/metadata=uid-1_cpus",
+                        ],
+                    )
+                ]
+            )
+        }
+    )
+    meta_path = Path(plugin_dir, "dra-device-metadata", "default_my-claim", "cpus", "metadata.json")
+    text = meta_path.read_text()
+    assert text.endswith("}\n") and text.count("\n") == 1  # a one-document JSON stream
+    attributes = node.inventory.attributes_of("cpudevnuma001")
+    attributes["dra.cpu/allocatedNumCPUs"] = {"int": 2}
+    assert json.loads(text) == {
+        "apiVersion": "metadata.resource.k8s.io/v1beta1",
+        "kind": "DeviceMetadata",
+        "metadata": {"name": "my-claim", "namespace": "default", "uid": "uid-1", "generation": 1},
+        "requests": [
+            {
+                "name": "cpus",
+                "devices": [
+                    {
+                        "driver": "dra.cpu",
+                        "pool": NODE,
+                        "name": "cpudevnuma001",
+                        "attributes": attributes,
+                    }
+                ],
+            }
+        ],
+    }
+    assert list(json.loads(text)["requests"][0]["devices"][0]["attributes"])[-1] == (
+        "dra.cpu/allocatedNumCPUs"
+    )
+    assert stat.S_IMODE(meta_path.stat().st_mode) == 0o644
+    spec_path = Path(cdi_dir, "dra.cpu_metadata_uid-1_cpus.json")
+    spec_text = spec_path.read_text()
+    assert spec_text.startswith('{\n  "cdiVersion": "0.5.0",\n  "kind": "dra.cpu/metadata",')
+    assert json.loads(spec_text)["devices"] == [
+        {
+            "name": "uid-1_cpus",
+            "containerEdits": {
+                "mounts": [
+                    {
+                        "hostPath": str(meta_path),
+                        "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+                        "resourceclaims/my-claim/cpus/dra.cpu-metadata.json",
+                        "options": ["ro", "bind"],
+                    }
+                ]
+            },
+        }
+    ]
+    # Both ids resolve the way a runtime resolves them.
+    assert device_env(cdi_dir, list(reply.claims["uid-1"].devices[0].cdi_device_ids)) == [
+        "DRA_CPUSET_uid-1=" + str(node.store.cpus_of("uid-1"))
+    ]
+
+
+async def test_sub_requests_share_one_file_and_unprepare_removes_all(
+    dirs: tuple[str, str],
+) -> None:
+    cdi_dir, plugin_dir = dirs
+    node = make_node(cdi_dir)
+    service = with_metadata(node, plugin_dir)
+    c = claim(
+        "uid-2",
+        result("cpudevnuma000", 1, request="main/a"),
+        result("cpudevnuma002", 2, request="main/b"),
+        result("cpudevnuma003", 1, request="solo"),
+        name="multi",
+    )
+    node.claims.put(c)
+    ref = ClaimRef(namespace="default", name="multi", uid="uid-2")
+    devices = (await service.prepare([ref]))["uid-2"].devices
+    assert [d.cdi_device_ids for d in devices] == [
+        ("dra.k8s.io/cpu=claim-uid-2", "dra.cpu/metadata=uid-2_main"),
+        ("dra.k8s.io/cpu=claim-uid-2",),
+        ("dra.k8s.io/cpu=claim-uid-2", "dra.cpu/metadata=uid-2_solo"),
+    ]
+    claim_dir = Path(plugin_dir, "dra-device-metadata", "default_multi")
+    doc = json.loads((claim_dir / "main" / "metadata.json").read_text())
+    assert [(r["name"], [d["name"] for d in r["devices"]]) for r in doc["requests"]] == [
+        ("main/a", ["cpudevnuma000"]),
+        ("main/b", ["cpudevnuma002"]),
+    ]
+    assert sorted(os.listdir(cdi_dir)) == [
+        "dra.cpu_metadata_uid-2_main.json",
+        "dra.cpu_metadata_uid-2_solo.json",
+        "dra.k8s.io-cpu_claim-uid-2.json",
+    ]
+    assert (await service.unprepare([ref]))["uid-2"].error == ""
+    assert os.listdir(cdi_dir) == []
+    assert not claim_dir.exists()
+
+
+async def test_metadata_failure_is_only_logged(
+    dirs: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    cdi_dir, plugin_dir = dirs
+    blocked = os.path.join(plugin_dir, "file")
+    Path(blocked).write_text("not a directory")
+    node = make_node(cdi_dir)
+    service = with_metadata(node, blocked)
+    node.claims.put(claim("uid-3", result("cpudevnuma000", 1), name="web"))
+    ref = ClaimRef(namespace="default", name="web", uid="uid-3")
+    with caplog.at_level(logging.WARNING, logger="dracpu.kubelet.metadata"):
+        got = (await service.prepare([ref]))["uid-3"]
+    assert got.error == ""
+    assert got.devices[0].cdi_device_ids == ("dra.k8s.io/cpu=claim-uid-3",)
+    assert "failed to write device metadata for claim default/web request cpus" in caplog.text
+    assert os.listdir(cdi_dir) == ["dra.k8s.io-cpu_claim-uid-3.json"]
+
+
+async def test_no_metadata_without_plugin_dir(dirs: tuple[str, str]) -> None:
+    cdi_dir, _ = dirs
+    node = make_node(cdi_dir)
+    node.claims.put(claim("uid-4", result("cpudevnuma000", 1), name="web"))
+    ref = ClaimRef(namespace="default", name="web", uid="uid-4")
+    got = (await node.service.prepare([ref]))["uid-4"]
+    assert got.devices[0].cdi_device_ids == ("dra.k8s.io/cpu=claim-uid-4",)
+    assert os.listdir(cdi_dir) == ["dra.k8s.io-cpu_claim-uid-4.json"]
