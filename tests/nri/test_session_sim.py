@@ -327,3 +327,19 @@ async def test_unsolicited_update_waits_for_a_runtime_event_without_deadlock(
         assert sim.cpuset_of(str(results["g"])) == "0-1"
         assert sim.cpuset_of(s1) == "2-7"
         assert sim.plugin_ready
+
+
+async def test_register_reply_after_synchronize(sock_dir: str, tmp_path: Path) -> None:
+    """A live runtime may Configure and Synchronize before its RegisterPlugin reply."""
+    async with sim_node(
+        sock_dir, tmp_path / "cg", start_session=False, sim_kw={"register_reply_after_sync": True}
+    ) as node:
+        await node.sim.create_pod("p0", "shared")
+        s1 = await node.sim.create_container("p0", "s1")
+        node.prepare("A", "0-3")
+        node.start_session()
+        await node.sim.wait_plugin_ready()
+        await node.session.wait_synchronized()
+        assert node.sim.cpuset_of(s1) == "4-7"
+        s2 = await node.sim.create_container("p0", "s2")
+        assert node.sim.cpuset_of(s2) == "4-7"

@@ -141,6 +141,7 @@ class RuntimeSimulator:
         node_mems: str = "0",
         sync_page_size: int | None = None,
         remove_via_state_change: bool = False,
+        register_reply_after_sync: bool = False,
         runtime_name: str = "dracpu-sim",
         runtime_version: str = "0.1.0",
     ) -> None:
@@ -152,6 +153,7 @@ class RuntimeSimulator:
         self.node_mems = node_mems
         self.sync_page_size = sync_page_size
         self.remove_via_state_change = remove_via_state_change
+        self.register_reply_after_sync = register_reply_after_sync
         self.runtime_name = runtime_name
         self.runtime_version = runtime_version
         self._pods: dict[str, SimPod] = {}
@@ -354,11 +356,16 @@ class RuntimeSimulator:
                 )
                 return
             plugin.name, plugin.idx = reg.plugin_name, reg.plugin_idx
-            await plugin.peer.respond(request.stream_id, b"")
-            if not plugin.registered.is_set():
-                plugin.registered.set()
-                assert plugin.nursery is not None
-                plugin.nursery.start_soon(self._set_up, plugin)
+            if plugin.registered.is_set():
+                await plugin.peer.respond(request.stream_id, b"")
+                return
+            plugin.registered.set()
+            late_reply: int | None = request.stream_id
+            if not self.register_reply_after_sync:
+                await plugin.peer.respond(request.stream_id, b"")
+                late_reply = None
+            assert plugin.nursery is not None
+            plugin.nursery.start_soon(self._set_up, plugin, late_reply)
             return
         if request.method == "UpdateContainers":
             assert plugin.nursery is not None
@@ -367,8 +374,18 @@ class RuntimeSimulator:
             return
         await plugin.peer.respond(request.stream_id, unimplemented_method(request.method))
 
-    async def _set_up(self, plugin: _Plugin) -> None:
-        """Configure, then Synchronize; only then is the plugin sent events."""
+    async def _set_up(self, plugin: _Plugin, late_reply: int | None) -> None:
+        """Configure, then Synchronize; only then is the plugin sent events. With
+        `late_reply` the RegisterPlugin reply goes out only after all that, as a live
+        runtime sometimes has it reach the plugin (protocols.md 6.4)."""
+        try:
+            await self._configure_and_sync(plugin)
+        finally:
+            if late_reply is not None:
+                with contextlib.suppress(PeerClosed, trio.ClosedResourceError):
+                    await plugin.peer.respond(late_reply, b"")
+
+    async def _configure_and_sync(self, plugin: _Plugin) -> None:
         configure = api_pb2.ConfigureRequest(
             runtime_name=self.runtime_name,
             runtime_version=self.runtime_version,
