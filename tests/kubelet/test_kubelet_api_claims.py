@@ -119,3 +119,39 @@ async def test_prepare_reads_the_claim_from_the_api(
         grpc.StatusCode.UNKNOWN,
         'retrieve claim default/gone: resourceclaims.resource.k8s.io "gone" not found',
     )
+
+
+async def test_memory_source_errors_and_pool_filter() -> None:
+    from kubelet_harness import result
+
+    from dracpu.k8s.claims import ClaimNotAllocated, ClaimNotFound, ClaimReplaced
+    from dracpu.kubelet import MemoryClaimSource
+
+    mine = result("cpudevnuma000", 1)
+    other_pool = result("cpudevnuma001", 1, pool="node-b")
+    other_driver = result("g0", driver="gpu.example.com")
+    source = MemoryClaimSource(
+        [
+            claim("u1", mine, other_pool, other_driver, name="web"),
+            claim("u2", name="idle", allocated=False),
+        ],
+        pool=NODE,
+    )
+    assert (await source.get("default", "web", "u1")).results == (mine,)
+    unfiltered = MemoryClaimSource([claim("u1", mine, other_pool, name="web")])
+    assert (await unfiltered.get("default", "web", "u1")).results == (mine, other_pool)
+    cases = [
+        (
+            ("default", "nope", "u9"),
+            ClaimNotFound,
+            'retrieve claim default/nope: resourceclaims.resource.k8s.io "nope" not found',
+        ),
+        (("default", "web", "u9"), ClaimReplaced, "claim default/web got replaced"),
+        (("default", "idle", "u2"), ClaimNotAllocated, "claim default/idle not allocated"),
+    ]
+    for args, kind, message in cases:
+        with pytest.raises(kind) as info:
+            await source.get(*args)
+        assert str(info.value) == message
+    source.delete("default", "web")
+    assert len(source) == 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+import msgspec
+
 from dracpu import DRIVER_NAME
 from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.k8s.claims import ClaimNotAllocated, ClaimNotFound, ClaimReplaced, read_claim
@@ -45,10 +47,22 @@ class ApiClaimSource:
 
 
 class MemoryClaimSource:
-    """Claims held in memory, keyed by (namespace, name) like the API server keys them."""
+    """Claims held in memory, keyed by (namespace, name) like the API server keys them.
 
-    def __init__(self, claims: Iterable[ClaimAllocation] = ()) -> None:
+    With ``pool`` set, ``get`` keeps only that pool's results of our driver, as
+    ``ApiClaimSource`` does; without it claims come back as stored.
+    """
+
+    def __init__(
+        self,
+        claims: Iterable[ClaimAllocation] = (),
+        *,
+        pool: str | None = None,
+        driver: str = DRIVER_NAME,
+    ) -> None:
         self._claims: dict[tuple[str, str], ClaimAllocation] = {}
+        self._pool = pool
+        self._driver = driver
         for claim in claims:
             self.put(claim)
 
@@ -75,4 +89,9 @@ class MemoryClaimSource:
             raise ClaimReplaced(namespace, name, f"claim {where} got replaced")
         if not claim.allocated:
             raise ClaimNotAllocated(namespace, name, f"claim {where} not allocated")
-        return claim
+        if self._pool is None:
+            return claim
+        results = tuple(
+            r for r in claim.results if r.driver == self._driver and r.pool == self._pool
+        )
+        return msgspec.structs.replace(claim, results=results)
