@@ -353,3 +353,42 @@ def test_synchronize_page_reply_golden_bytes() -> None:
     page = api_pb2.SynchronizeRequest(pods=[pod("p1")], more=True)
     assert session._synchronize(page.SerializeToString()) == bytes.fromhex("1001")  # more(2)
     assert session._synchronize(b"") == b""  # final chunk, nothing to update
+
+
+async def test_large_reply_is_sent_as_4096_bytes_then_the_rest(sock_dir: str) -> None:
+    """The Go reader's 4096-byte buffer rule (protocols.md 6.2) on a real Synchronize reply."""
+    path = os.path.join(sock_dir, "nri.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen(1)
+    plugin, _ = make_plugin()
+    session = NRISession(path, plugin)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        conn, _ = await sock.accept()
+        sync = api_pb2.SynchronizeRequest(
+            pods=[pod("p1")], containers=[container("p1", f"c{i:04d}") for i in range(300)]
+        )
+        client = TTRPCClientConnection()
+        client.send_request(PLUGIN_SERVICE, "Synchronize", sync.SerializeToString())
+        mux = Multiplexer()
+        for message in client.messages_to_send():
+            mux.send(1, message)
+        await conn.send(mux.data_to_send())
+        frames: list[tuple[int, int]] = []
+        wire = b""
+        while sum(n for c, n in frames if c == 1) < 4096 + 1:
+            data = await conn.recv(65536)
+            assert data
+            wire += data
+            while len(wire) >= 8:
+                conn_id, length = int.from_bytes(wire[:4]), int.from_bytes(wire[4:8])
+                if len(wire) < 8 + length:
+                    break
+                frames.append((conn_id, length))
+                wire = wire[8 + length :]
+        replies = [n for c, n in frames if c == 1]
+        assert replies[0] == 4096
+        assert len(replies) == 2
+        nursery.cancel_scope.cancel()
+    sock.close()
