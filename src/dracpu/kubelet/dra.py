@@ -195,6 +195,16 @@ class DRAService:
                 ref.uid,
             )
 
+    def _changed(self) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change()
+        except Exception:
+            # The claims are done and answered for; a failed notification is the
+            # daemon's to report, not the kubelet's.
+            log.exception("on_change callback failed")
+
     def refresh_gauges(self) -> None:
         snap = self.store.snapshot()
         self.metrics.set_snapshot(
@@ -222,8 +232,8 @@ class DRAService:
                 self.metrics.count_prepare("error" if result.error else "success")
                 results[ref.uid] = result
                 changed |= new
-            if changed and self._on_change is not None:
-                self._on_change()
+            if changed:
+                self._changed()
         return results
 
     async def _prepare_claim(self, claim: ClaimAllocation) -> tuple[ClaimPrepareResult, bool]:
@@ -253,7 +263,12 @@ class DRAService:
             log.info("prepare of claim %s failed: %s", where, error)
             return ClaimPrepareResult(error=error), False
         if new:
-            log.info("prepared claim %s uid=%s cpus=%s", where, claim.uid, plan.cpus)
+            log.info(
+                "reserved allocation for resource claim claim=%s uid=%s cpus=%s",
+                where,
+                claim.uid,
+                plan.cpus,
+            )
             self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
             self.refresh_gauges()
         devices = _reply_devices(claim, plan)
@@ -312,8 +327,8 @@ class DRAService:
                 self.metrics.count_unprepare("error" if error else "success")
                 results[ref.uid] = ClaimUnprepareResult(error=error)
                 changed |= released
-            if changed and self._on_change is not None:
-                self._on_change()
+            if changed:
+                self._changed()
         return results
 
     async def _unprepare_claim(self, ref: ClaimRef) -> tuple[str, bool]:
