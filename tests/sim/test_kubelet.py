@@ -323,6 +323,61 @@ async def test_a_dead_registration_socket_is_a_clear_error(node: Node) -> None:
     )
 
 
+async def test_connection_monitor_drops_a_plugin_after_two_failed_checks(node: Node) -> None:
+    plugin = node.plugin()
+    await node.kubelet.sync_plugins()
+    await node.kubelet.monitor_plugins()
+    assert DRIVER in node.kubelet.plugins
+    plugin.fail_get_info = True
+    await node.kubelet.monitor_plugins()
+    assert node.kubelet.plugins[DRIVER].monitor_failures == 1  # one miss is forgiven
+    await node.kubelet.monitor_plugins()
+    assert DRIVER not in node.kubelet.plugins
+    assert node.kubelet.registrations[-1].message == (
+        "deregistered: connection monitor: failed to get plugin info using RPC GetInfo at "
+        f"socket {plugin.registration_socket}: UNAVAILABLE: wedged"
+    )
+
+
+async def test_run_checks_registered_plugins_periodically(
+    node: Node, nursery: trio.Nursery
+) -> None:
+    # Real time: the checks are gRPC calls in threads, and an autojumping clock races far
+    # ahead while they run.
+    kubelet = SimKubelet(
+        node.root,
+        node.api,
+        node.runtime,
+        NODE,
+        cdi_dir=node.cdi_dir,
+        plugin_poll_interval=0.01,
+        monitor_interval=0.2,
+    )
+    plugin = node.plugin()
+    await nursery.start(kubelet.run)
+    with trio.fail_after(10):
+        while DRIVER not in kubelet.plugins:
+            await trio.sleep(0.01)
+    registered_at = trio.current_time()
+    plugin.fail_get_info = True
+    with trio.fail_after(10):
+        while DRIVER in kubelet.plugins:
+            await trio.sleep(0.01)
+    assert trio.current_time() - registered_at >= 0.2  # two checks, one interval apart
+    assert kubelet.registrations[-1].message.startswith("deregistered: connection monitor")
+
+
+async def test_connection_monitor_drops_a_plugin_whose_answer_changed(node: Node) -> None:
+    plugin = node.plugin()
+    await node.kubelet.sync_plugins()
+    plugin.endpoint = os.path.join(node.root, "plugins", "other.sock")
+    await node.kubelet.monitor_plugins()
+    assert DRIVER not in node.kubelet.plugins
+    assert node.kubelet.registrations[-1].message == (
+        f"deregistered: connection monitor: GetInfo now answers dra.cpu at {plugin.endpoint}"
+    )
+
+
 # -- pods --------------------------------------------------------------------------------------
 
 

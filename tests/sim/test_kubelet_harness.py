@@ -77,6 +77,7 @@ class FakePlugin:
     abort_prepare: str | None = None  # whole-call failure with this message (INTERNAL)
     omit_claims: bool = False  # answer prepare with an empty map
     write_specs: bool = True
+    fail_get_info: bool = False  # GetInfo answers UNAVAILABLE (a wedged plugin)
     _servers: list[grpc.Server] = field(default_factory=list)
     _paths: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -95,6 +96,8 @@ class FakePlugin:
     def _get_info(self, request: reg_pb.InfoRequest, context: Any) -> reg_pb.PluginInfo:
         with self._lock:
             self.get_info_calls += 1
+        if self.fail_get_info:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "wedged")
         endpoint = self.dra_socket if self.endpoint is None else self.endpoint
         return reg_pb.PluginInfo(
             type=self.plugin_type,

@@ -77,6 +77,7 @@ class RegisteredPlugin:
     service: str  # "v1.DRAPlugin" or "v1beta1.DRAPlugin"
     socket: str  # its registration socket
     channel: grpc.Channel = field(repr=False)
+    monitor_failures: int = 0  # consecutive failed GetInfo checks
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class SimKubelet:
         pod_poll_interval: float = 0.2,
         backoff: Backoff | None = None,
         dial_timeout: float = DIAL_TIMEOUT,
+        monitor_interval: float = 10.0,
     ) -> None:
         self.kubelet_root = kubelet_root
         self.registry_dir = os.path.join(kubelet_root, "plugins_registry")
@@ -125,6 +127,7 @@ class SimKubelet:
         self.pod_poll_interval = pod_poll_interval
         self.backoff = backoff or Backoff()
         self.dial_timeout = dial_timeout
+        self.monitor_interval = monitor_interval
         self.plugins: dict[str, RegisteredPlugin] = {}  # by driver name
         self.registrations: list[RegistrationEvent] = []
         self.pods: dict[str, PodState] = {}  # by pod uid
@@ -178,9 +181,33 @@ class SimKubelet:
     # ---- plugin registration ------------------------------------------------------------
 
     async def _plugin_loop(self) -> None:
+        next_check = trio.current_time() + self.monitor_interval
         while True:
             await self.sync_plugins()
+            if trio.current_time() >= next_check:
+                await self.monitor_plugins()
+                next_check = trio.current_time() + self.monitor_interval
             await trio.sleep(self.plugin_poll_interval)
+
+    async def monitor_plugins(self) -> None:
+        """The connection monitor (protocols.md §2.5 step 7): ``GetInfo`` on every
+        registered socket; two failures in a row, or a changed name or endpoint, and the
+        plugin is treated as gone."""
+        for plugin in list(self.plugins.values()):
+            try:
+                channel, info = await _in_thread(fetch_info, plugin.socket, self.dial_timeout)
+                channel.close()
+                problem = None
+                if (info.name, info.endpoint or plugin.socket) != (plugin.name, plugin.endpoint):
+                    problem = f"GetInfo now answers {info.name} at {info.endpoint}"
+            except RegistrationCallError as exc:
+                problem = str(exc)
+            if problem is None:
+                plugin.monitor_failures = 0
+                continue
+            plugin.monitor_failures += 1
+            if plugin.monitor_failures >= 2 or problem.startswith("GetInfo now"):
+                self._deregister(plugin.socket, reason=f"connection monitor: {problem}")
 
     async def sync_plugins(self) -> None:
         """One pass of the plugin watcher."""
@@ -253,13 +280,15 @@ class SimKubelet:
                 st.next_attempt = 0.0
         self.poke()
 
-    def _deregister(self, path: str, *, quiet: bool = False) -> None:
+    def _deregister(
+        self, path: str, *, quiet: bool = False, reason: str = "registration socket removed"
+    ) -> None:
         for name, plugin in list(self.plugins.items()):
             if plugin.socket == path:
                 del self.plugins[name]
                 plugin.channel.close()
                 if not quiet:
-                    self._event(path, True, name, "deregistered: registration socket removed")
+                    self._event(path, True, name, f"deregistered: {reason}")
 
     # ---- pods ---------------------------------------------------------------------------
 
