@@ -378,6 +378,68 @@ async def test_connection_monitor_drops_a_plugin_whose_answer_changed(node: Node
     )
 
 
+def add_slice(node: Node, node_name: str = NODE, driver: str = DRIVER) -> None:
+    node.server.create(
+        "resourceslices",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{node_name}-{driver}-"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        },
+    )
+
+
+def slice_owners(node: Node) -> list[tuple[str, str]]:
+    return sorted(
+        (s["spec"]["nodeName"], s["spec"]["driver"]) for s in node.server.list("resourceslices")
+    )
+
+
+async def test_start_wipes_this_nodes_slices(node: Node, nursery: trio.Nursery) -> None:
+    add_slice(node)
+    add_slice(node, driver="gpu.example.com")
+    add_slice(node, node_name="node-b")
+    kubelet = SimKubelet(node.root, node.api, node.runtime, NODE, wipe_slices=True)
+    await nursery.start(kubelet.run)
+    assert slice_owners(node) == [("node-b", DRIVER)]
+
+
+async def test_slices_go_after_the_grace_period_unless_the_driver_returns(
+    node: Node, autojump_clock: trio.testing.MockClock
+) -> None:
+    kubelet = SimKubelet(
+        node.root, node.api, node.runtime, NODE, cdi_dir=node.cdi_dir, wipe_slices=True
+    )
+    plugin = node.plugin()
+    await kubelet.sync_plugins()
+    add_slice(node)
+    add_slice(node, driver="gpu.example.com")
+    # The driver restarts within the grace period: nothing is deleted.
+    plugin.stop()
+    await kubelet.sync_plugins()
+    await trio.sleep(10)
+    plugin = node.plugin()
+    await kubelet.sync_plugins()
+    await trio.sleep(30)
+    await kubelet.sync_plugins()
+    assert slice_owners(node) == [(NODE, DRIVER), (NODE, "gpu.example.com")]
+    # The driver stays away: its slices (only its own) go 30 s later.
+    plugin.stop()
+    await kubelet.sync_plugins()
+    await trio.sleep(29)
+    await kubelet.sync_plugins()
+    assert len(slice_owners(node)) == 2
+    await trio.sleep(1)
+    await kubelet.sync_plugins()
+    assert slice_owners(node) == [(NODE, "gpu.example.com")]
+
+
 # -- pods --------------------------------------------------------------------------------------
 
 

@@ -4,8 +4,12 @@ Two loops:
 
 - **plugins** — polls ``<root>/plugins_registry/`` for socket files (the real kubelet uses
   inotify), registers each new or re-created socket over real gRPC (``GetInfo``, validate,
-  ``NotifyRegistrationStatus``), deregisters removed ones, and retries failed
-  registrations with backoff.
+  ``NotifyRegistrationStatus``), deregisters removed ones, retries failed registrations
+  with backoff, and every ``monitor_interval`` checks registered plugins with ``GetInfo``
+  (two failures in a row deregister). With ``wipe_slices`` it also deletes the node's
+  ResourceSlices at start, and a driver's slices ``slice_wipe_grace`` seconds after its
+  last registration went away (unless it registers again in time), as the kubelet does
+  (protocols.md §2.6).
 - **pods** — for pods bound to this node: GETs their ResourceClaims, calls
   ``NodePrepareResources`` on the claims' drivers for claims not prepared yet, resolves the
   returned CDI ids to env entries, and asks the runtime for a sandbox and the containers.
@@ -116,6 +120,8 @@ class SimKubelet:
         backoff: Backoff | None = None,
         dial_timeout: float = DIAL_TIMEOUT,
         monitor_interval: float = 10.0,
+        wipe_slices: bool = False,
+        slice_wipe_grace: float = 30.0,
     ) -> None:
         self.kubelet_root = kubelet_root
         self.registry_dir = os.path.join(kubelet_root, "plugins_registry")
@@ -128,6 +134,9 @@ class SimKubelet:
         self.backoff = backoff or Backoff()
         self.dial_timeout = dial_timeout
         self.monitor_interval = monitor_interval
+        self.wipe_slices = wipe_slices
+        self.slice_wipe_grace = slice_wipe_grace
+        self._wipe_due: dict[str, float] = {}  # driver -> when its slices go
         self.plugins: dict[str, RegisteredPlugin] = {}  # by driver name
         self.registrations: list[RegistrationEvent] = []
         self.pods: dict[str, PodState] = {}  # by pod uid
@@ -168,6 +177,8 @@ class SimKubelet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         os.makedirs(self.registry_dir, exist_ok=True)
+        if self.wipe_slices:
+            await self._delete_slices(None)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._plugin_loop)
@@ -223,6 +234,27 @@ class SimKubelet:
         for path, retry in list(self._socket_retry.items()):
             if path not in new and retry.next_attempt <= now:
                 await self._register(path)
+        for driver, due in list(self._wipe_due.items()):
+            if driver in self.plugins:
+                del self._wipe_due[driver]
+            elif due <= trio.current_time():
+                await self._delete_slices(driver)
+                del self._wipe_due[driver]
+
+    async def _delete_slices(self, driver: str | None) -> None:
+        """Delete this node's ResourceSlices (of one driver, or all); errors are logged."""
+        selector = f"spec.nodeName={self.node_name}"
+        if driver is not None:
+            selector += f",spec.driver={driver}"
+        api = self.api
+        try:
+            await api.call_raw(
+                api.resource.delete_collection_resource_slice, field_selector=selector
+            )
+        except K8sError as exc:
+            log.warning("deleting ResourceSlices (%s) failed: %s", selector, exc)
+            return
+        log.info("deleted ResourceSlices with %s", selector)
 
     def _event(self, socket: str, accepted: bool, plugin: str, message: str) -> None:
         self.registrations.append(
@@ -287,6 +319,8 @@ class SimKubelet:
             if plugin.socket == path:
                 del self.plugins[name]
                 plugin.channel.close()
+                if self.wipe_slices:
+                    self._wipe_due[name] = trio.current_time() + self.slice_wipe_grace
                 if not quiet:
                     self._event(path, True, name, f"deregistered: {reason}")
 
