@@ -16,6 +16,7 @@ Synchronize are checkpointed too.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from dracpu import cdi
+from dracpu import DRIVER_NAME, cdi
 from dracpu.allocation.store import AllocationStore
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
@@ -102,6 +103,7 @@ class Daemon:
         self.writer: CgroupWriter | None = None
         self.watcher: DriftWatcher | None = None
         self.slices: SliceReconciler | None = None
+        self.nothing_to_publish = False
         self.http_port: int | None = None
         self.debug_port: int | None = None
         self.main_app = HTTPApp(
@@ -118,7 +120,7 @@ class Daemon:
         return {
             READY_REGISTRATION: bool(self.kubelet and self.kubelet.registration.registered),
             READY_NRI: bool(self.session and self.session.is_synchronized),
-            READY_SLICES: bool(self.slices and self.slices.is_published),
+            READY_SLICES: self.nothing_to_publish or bool(self.slices and self.slices.is_published),
         }
 
     def readiness_reasons(self) -> dict[str, str]:
@@ -298,6 +300,8 @@ class Daemon:
             persist=state.persist,
             on_change=self._pool_changed_now,
             tracker=state.tracker,
+            # Device metadata for the workload, as upstream's kubelet-plugin helper writes.
+            plugin_data_dir=os.path.join(cfg.kubeletRootDir, "plugins", DRIVER_NAME),
         )
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]
@@ -407,6 +411,12 @@ class Daemon:
             node_uid=node_uid,
             expose_pcie_roots=self.config.exposePCIeRoots,
         )
+        if not desired:
+            # As upstream: no devices, nothing published, and slices left by an earlier
+            # run stay (a reconciler with nothing desired would delete them).
+            log.warning("no devices to publish: every CPU is reserved or none was discovered")
+            self.nothing_to_publish = True
+            await trio.sleep_forever()
         self.slices = SliceReconciler(
             self.kube,
             node_name=self.node_name,

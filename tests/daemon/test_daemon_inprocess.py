@@ -1,0 +1,271 @@
+"""The daemon in-process: start order, readiness, /debug/state, prepare through the kubelet
+socket with the official grpcio client, pinning through the NRI runtime simulator, the pool
+pushed to shared containers, and start-up errors."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+
+from dracpu.config import DriverConfig
+from dracpu.cpuset import CPUSet
+from dracpu.daemon.app import Daemon
+from dracpu.k8s.client import KubeClient
+from dracpu.nursery import Supervisor
+from dracpu.proto.dra.v1 import api_pb2 as dra_pb
+from dracpu.proto.pluginregistration import api_pb2 as reg_pb
+from dracpu.sim.apiserver import SimAPIServer
+from dracpu.sim.runtime.simulator import RuntimeSimulator
+
+FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
+
+
+@contextmanager
+def no_signals(*signals: int) -> Iterator[AsyncIterator[int]]:
+    send, receive = trio.open_memory_channel[int](1)
+    with send:
+        yield receive
+
+
+def fetch(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def register(socket_path: str) -> reg_pb.PluginInfo:
+    with grpc.insecure_channel("unix:" + socket_path) as ch:
+        info = ch.unary_unary(
+            "/pluginregistration.Registration/GetInfo",
+            request_serializer=reg_pb.InfoRequest.SerializeToString,
+            response_deserializer=reg_pb.PluginInfo.FromString,
+        )(reg_pb.InfoRequest(), timeout=5)
+        ch.unary_unary(
+            "/pluginregistration.Registration/NotifyRegistrationStatus",
+            request_serializer=reg_pb.RegistrationStatus.SerializeToString,
+            response_deserializer=reg_pb.RegistrationStatusResponse.FromString,
+        )(reg_pb.RegistrationStatus(plugin_registered=True), timeout=5)
+    return info
+
+
+def dra_call(socket_path: str, method: str, request: Any, reply: Any) -> Any:
+    with grpc.insecure_channel("unix:" + socket_path) as ch:
+        return ch.unary_unary(
+            f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=reply.FromString,
+        )(request, timeout=10)
+
+
+class Node:
+    """A loopback API server and NRI runtime in a short temp dir, and a daemon config."""
+
+    def __init__(self, fixture: str = "xeon-2s-ht", **config: Any) -> None:
+        self.dir = tempfile.mkdtemp(prefix="dd", dir="/tmp")
+        self.api = SimAPIServer()
+        self.runtime = RuntimeSimulator(self.path("nri.sock"), self.path("cg"), node_cpus="0-79")
+        settings: dict[str, Any] = dict(
+            kubeconfig=self.path("kubeconfig"),
+            hostnameOverride="node-a",
+            bindAddress="127.0.0.1:0",
+            debugAddress="127.0.0.1:0",
+            sysfsRoot=str(FIXTURES / fixture),
+            kubeletRootDir=self.path("k"),
+            nriSocket=self.path("nri.sock"),
+            cdiDir=self.path("cdi"),
+            cgroupRoot=self.path("cg"),
+            stateDir=self.path("state"),
+        )
+        self.config = DriverConfig(**{**settings, **config})
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        await nursery.start(self.api.serve)
+        self.api.write_kubeconfig(self.path("kubeconfig"))
+        self.api.create(
+            "nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
+        )
+        await nursery.start(self.runtime.run)
+
+    def daemon(self) -> Daemon:
+        kube = KubeClient.from_kubeconfig(self.path("kubeconfig"))
+        return Daemon(self.config, kube=kube, node_name="node-a", proc_root=self.path("proc"))
+
+    def allocated_claim(self, name: str, device: str, cpus: int) -> str:
+        """Create a claim allocated on ``device``; returns the UID the API server gave it."""
+        self.api.create(
+            "resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
+                    }
+                },
+            },
+        )
+        claim = self.api.get("resourceclaims", name, "default")
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "cpus",
+                            "driver": "dra.cpu",
+                            "pool": "node-a",
+                            "device": device,
+                            "consumedCapacity": {"dra.cpu/cpu": str(cpus)},
+                        }
+                    ]
+                }
+            }
+        }
+        self.api.update("resourceclaims", claim, subresource="status")
+        return str(claim["metadata"]["uid"])
+
+
+async def test_daemon_starts_in_order_pins_and_pushes_the_pool() -> None:
+    node = Node()
+    seen: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            assert daemon.http_port is not None and daemon.debug_port is not None
+            seen["before"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/readyz")
+            seen["healthz"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/healthz")
+            reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
+            info = await trio.to_thread.run_sync(register, reg)
+            seen["info"] = info
+            with trio.fail_after(10):
+                while not all(daemon.readiness().values()):
+                    await trio.sleep(0.05)
+            seen["after"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/readyz")
+            # A shared container first, then a claim prepared over real gRPC.
+            await node.runtime.create_pod("p-shared", "shared")
+            shared_id = await node.runtime.create_container("p-shared", "app")
+            seen["shared_before"] = node.runtime.cpuset_of(shared_id)
+            uid = seen["uid"] = node.allocated_claim("c1", "cpudevnuma001", 4)
+            request = dra_pb.NodePrepareResourcesRequest(
+                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
+            )
+            reply = await trio.to_thread.run_sync(
+                dra_call,
+                info.endpoint,
+                "NodePrepareResources",
+                request,
+                dra_pb.NodePrepareResourcesResponse,
+            )
+            seen["prepare"] = reply
+            # The shared container follows the smaller pool without any CreateContainer.
+            with trio.fail_after(10):
+                while node.runtime.cpuset_of(shared_id) == seen["shared_before"]:
+                    await trio.sleep(0.05)
+            seen["shared_after"] = node.runtime.cpuset_of(shared_id)
+            status, body = await trio.to_thread.run_sync(fetch, daemon.debug_port, "/debug/state")
+            seen["debug"] = (status, json.loads(body))
+            s.request_stop("test done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    assert seen["healthz"] == (200, b"")
+    assert seen["before"][0] == 503
+    assert b"[-] kubelet-registration: waiting for the kubelet" in seen["before"][1]
+    assert seen["after"] == (200, b"ok")
+    assert seen["info"].name == "dra.cpu"
+    uid = seen["uid"]
+    result = seen["prepare"].claims[uid]
+    assert result.error == ""
+    assert [d.device_name for d in result.devices] == ["cpudevnuma001"]
+    status, state = seen["debug"]
+    assert status == 200
+    [claim] = state["claims"]
+    assert claim["uid"] == uid and claim["name"] == "c1"
+    cpus = claim["cpus"]
+    assert seen["shared_before"] == "0-79"
+    assert state["sharedPool"] == seen["shared_after"]
+    assert set(state["ready"].values()) == {True}
+    assert state["services"]["nri"]["state"] == "running"
+    assert state["summary"]["cpus"] == 80
+    # The checkpoint holds the claim; the CDI spec carries its env.
+    checkpoint = json.loads(Path(node.path("state"), "checkpoint.json").read_text())
+    assert [(c["uid"], c["cpus"]) for c in checkpoint["claims"]] == [(uid, cpus)]
+    spec = json.loads(Path(node.path("cdi"), f"dra.k8s.io-cpu_claim-{uid}.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["env"] == [f"DRA_CPUSET_{uid}={cpus}"]
+    assert len(CPUSet.parse(cpus)) == 4 and CPUSet.parse(cpus) <= CPUSet.parse("20-39,60-79")
+
+
+async def test_no_devices_publishes_nothing_and_keeps_old_slices() -> None:
+    node = Node(reservedCPUs="0-79")
+    stale = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "old-slice"},
+        "spec": {
+            "driver": "dra.cpu",
+            "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        node.api.create("resourceslices", stale)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            with trio.fail_after(10):
+                while not daemon.readiness()["slices"]:
+                    await trio.sleep(0.05)
+            await trio.sleep(0.3)
+            s.request_stop("done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        assert [s["metadata"]["name"] for s in node.api.list("resourceslices")] == ["old-slice"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"bindAddress": "8080"}, 'invalid bind address "8080": missing port in address'),
+        ({"sysfsRoot": "/nonexistent-sysfs"}, "driver failed to initialize: "),
+        ({"reservedCPUs": "x"}, "driver failed to initialize: failed to parse reserved CPUs"),
+    ],
+)
+async def test_startup_errors_fail_the_daemon_with_the_step(
+    config: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = Node(**config)
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        sup = Supervisor()
+        code = await sup.run_until_signal(node.daemon().startup, signal_receiver=no_signals)
+        nursery.cancel_scope.cancel()
+    assert code == 1
+    assert sup.fatal_error is not None and message in sup.fatal_error
