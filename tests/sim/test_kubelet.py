@@ -742,6 +742,30 @@ async def test_plugin_restart_reregisters_without_preparing_again(node: Node) ->
     assert node.state(pod).phase == "Terminated"
 
 
+async def test_unprepare_waits_for_the_driver_to_come_back(
+    node: Node, autojump_clock: trio.testing.MockClock
+) -> None:
+    first = node.plugin()
+    await node.kubelet.sync_plugins()
+    pod, claim = node.pod_with_claim("web", "c1")
+    await node.kubelet.sync_pods()
+    first.stop()  # the driver is down while the pod goes
+    await node.kubelet.sync_plugins()
+    node.server.delete("pods", "web", "default")
+    for _ in range(4):  # failures push the retry out to 1, 2, 4, 8 s
+        await node.kubelet.sync_pods()
+        await trio.sleep(1)
+    st = node.state(pod)
+    assert st.phase == "Terminating"
+    assert st.last_error == "unprepare dynamic resources: DRA driver dra.cpu is not registered"
+    assert node.runtime.containers == {}  # the containers went at once
+    second = node.plugin()
+    await node.kubelet.sync_plugins()  # registration cuts the backoff short
+    await node.kubelet.sync_pods()
+    assert st.phase == "Terminated"
+    assert second.unprepare_calls == [[("default", "c1", claim["metadata"]["uid"])]]
+
+
 async def test_socket_recreated_in_place_is_registered_again(node: Node) -> None:
     plugin = node.plugin()
     await node.kubelet.sync_plugins()

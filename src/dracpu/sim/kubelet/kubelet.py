@@ -306,9 +306,10 @@ class SimKubelet:
             return
         self._socket_retry.pop(path, None)
         self._event(path, True, info.name, f"registered, using {service} at {endpoint}")
-        # Pods waiting for this driver need not sit out their backoff.
+        # Pods waiting for this driver (to prepare or to unprepare) need not sit out
+        # their backoff.
         for st in self.pods.values():
-            if st.phase == "Pending":
+            if st.phase in ("Pending", "Terminating"):
                 st.next_attempt = 0.0
         self.poke()
 
