@@ -231,6 +231,27 @@ async def test_a_claim_shared_by_two_pods_is_allocated_once(cluster: Cluster) ->
     assert cluster.get("resourceclaims", "shared").get("status", {}) == {}
 
 
+async def test_reservations_of_other_consumers_are_kept(cluster: Cluster) -> None:
+    claim = cluster.claim("job-owned", cpus=1)
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [], "config": []},
+            "nodeSelector": {"nodeSelectorTerms": []},
+        },
+        "reservedFor": [
+            {"apiGroup": "batch", "resource": "jobs", "name": "j", "uid": "u-job"},
+            {"resource": "pods", "name": "gone", "uid": "u-gone"},
+        ],
+    }
+    cluster.server.update("resourceclaims", claim, subresource="status")
+    assert await cluster.scheduler.schedule_once() == []
+    status = cluster.get("resourceclaims", "job-owned")["status"]
+    assert status["reservedFor"] == [
+        {"apiGroup": "batch", "resource": "jobs", "name": "j", "uid": "u-job"}
+    ]
+    assert "allocation" in status
+
+
 async def test_missing_claim_and_template_claims_are_reported(cluster: Cluster) -> None:
     cluster.pod("lost", "nope")
     cluster.pod("templated", template="cpu-template")

@@ -179,7 +179,12 @@ class Scheduler:
         for key, claim in list(state.claims.items()):
             status = claim.get("status") or {}
             reserved = status.get("reservedFor") or []
-            kept = [r for r in reserved if r.get("uid") in live]
+            # Only pod reservations are ours to judge; other consumers keep theirs.
+            kept = [
+                r
+                for r in reserved
+                if r.get("uid") in live or r.get("resource") != "pods" or r.get("apiGroup")
+            ]
             if len(kept) == len(reserved) and (kept or not status.get("allocation")):
                 continue
             new_status = dict(status)
