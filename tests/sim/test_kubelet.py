@@ -469,8 +469,24 @@ async def test_prepare_then_containers_get_the_cdi_env(node: Node) -> None:
     # Running pods are left alone.
     await node.kubelet.sync_pods()
     assert len(plugin.prepare_calls) == 1
-    snap = node.kubelet.snapshot()["pods"]["default/web"]
-    assert snap["containers"]["main"]["env"] == container.env
+    snap = node.kubelet.snapshot()
+    assert snap["pods"]["default/web"] == {
+        "uid": pod["metadata"]["uid"],
+        "phase": "Running",
+        "claims": ["default/c1"],
+        "containers": {"main": {"id": container.id, "env": container.env, "running": True}},
+        "errors": [],
+    }
+    assert snap["prepared_claims"] == {"default/c1": {"uid": uid, "pods": [pod["metadata"]["uid"]]}}
+    assert snap["plugins"] == {
+        DRIVER: {
+            "endpoint": plugin.dra_socket,
+            "service": "v1.DRAPlugin",
+            "socket": plugin.registration_socket,
+        }
+    }
+    assert node.kubelet.pod("default", "web") is st
+    assert node.kubelet.pod("default", "nope") is None
 
 
 async def test_a_v1beta1_only_plugin_is_called_on_v1beta1(node: Node) -> None:

@@ -152,6 +152,11 @@ class SimKubelet:
         """Sync pods now instead of at the next poll."""
         self._wake.set()
 
+    def pod(self, namespace: str, name: str) -> PodState | None:
+        """The state of the newest pod with this name (a name can be reused)."""
+        found = [st for st in self.pods.values() if (st.namespace, st.name) == (namespace, name)]
+        return found[-1] if found else None
+
     def snapshot(self) -> dict[str, Any]:
         """Plugins, registrations, pods (containers, env, errors) and prepared claims."""
         return {
