@@ -282,7 +282,29 @@ _GoYamlLoader.add_constructor("tag:yaml.org,2002:binary", _construct_binary)
 _GoYamlLoader.add_constructor(_MAP, _construct_map)
 
 
+# Deeper than any real config; checked before composing, whose recursion depth would
+# otherwise depend on the interpreter's recursion limit (which libraries change).
+MAX_YAML_DEPTH = 100
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _check_depth(text: str) -> None:
+    depth = 0
+    # The event parser is a state machine: it does not recurse however deep the document.
+    for event in yaml.parse(text, Loader=_GoYamlLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise _TooDeep
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def _parse_yaml(text: str) -> Any:
+    _check_depth(text)
     loader = _GoYamlLoader(text)  # the reader already refuses control characters here
     try:
         return loader.get_single_data()
@@ -336,7 +358,7 @@ def _read_file_layer(path: str) -> dict[str, Any]:
         data = _parse_yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"parsing {path}: {_yaml_problem(err)}") from err
-    except RecursionError as err:
+    except (RecursionError, _TooDeep) as err:
         raise ConfigError(f"parsing {path}: the document is nested too deeply") from err
     if data is None:
         return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -415,10 +416,24 @@ def test_non_finite_number_inside_a_cyclic_value(cfg_file: Path) -> None:
     )
 
 
-def test_deeply_nested_document(cfg_file: Path) -> None:
-    depth = 1000
+@pytest.mark.parametrize("depth", [100, 1000])
+def test_deeply_nested_document(cfg_file: Path, depth: int) -> None:
+    # The limit is the config's own, not the interpreter's recursion limit (which libraries
+    # such as cel-python raise).
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        assert error_of(cfg_file, "a: " + "[" * depth + "]" * depth + "\n") == (
+            "cannot apply P: parsing P: the document is nested too deeply"
+        )
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def test_nesting_up_to_the_limit_is_parsed(cfg_file: Path) -> None:
+    depth = 99  # plus the top-level mapping: exactly the limit
     assert error_of(cfg_file, "a: " + "[" * depth + "]" * depth + "\n") == (
-        "cannot apply P: parsing P: the document is nested too deeply"
+        'cannot apply P: applying config map: json: unknown field "a"'
     )
 
 
