@@ -294,7 +294,7 @@ async def test_template_claim_recorded_in_pod_status_is_used(cluster: Cluster) -
 
 async def test_claim_allocated_to_another_node(cluster: Cluster) -> None:
     claim = cluster.claim("elsewhere", cpus=1)
-    other = Scheduler(cluster.api, "node-b")
+    x = cluster.pod("x", "elsewhere")
     claim["status"] = {
         "allocation": {
             "devices": {"results": [], "config": []},
@@ -308,17 +308,40 @@ async def test_claim_allocated_to_another_node(cluster: Cluster) -> None:
                 ]
             },
         },
-        "reservedFor": [{"resource": "pods", "name": "x", "uid": "u-x"}],
+        "reservedFor": [{"resource": "pods", "name": "x", "uid": x["metadata"]["uid"]}],
     }
     cluster.server.update("resourceclaims", claim, subresource="status")
-    cluster.pod("x", "elsewhere")
     cluster.pod("y", "elsewhere")
     outcomes = await cluster.scheduler.schedule_once()
-    # x does not exist under uid u-x, so the stale reservation is dropped and the claim
-    # deallocated first; then y (and x) get it allocated here.
-    assert outcomes[0].kind == "Deallocated"
-    assert kinds(outcomes[1:]) == [("Scheduled", "default/x"), ("Scheduled", "default/y")]
-    assert other.node_name == "node-b"
+    assert [(o.kind, o.pod, o.message) for o in outcomes] == [
+        (
+            "FailedScheduling",
+            f"default/{name}",
+            f"pod default/{name}: resourceclaim default/elsewhere is allocated to another node",
+        )
+        for name in ("x", "y")
+    ]
+
+
+async def test_stale_reservations_are_dropped_before_scheduling(cluster: Cluster) -> None:
+    claim = cluster.claim("stale", cpus=1)
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [], "config": []},
+            "nodeSelector": {"nodeSelectorTerms": []},
+        },
+        "reservedFor": [{"resource": "pods", "name": "old", "uid": "u-old"}],
+    }
+    cluster.server.update("resourceclaims", claim, subresource="status")
+    new = cluster.pod("new", "stale")
+    outcomes = await cluster.scheduler.schedule_once()
+    # The pod that held it is gone: deallocated first, then allocated again for the new one.
+    assert kinds(outcomes) == [("Deallocated", ""), ("Scheduled", "default/new")]
+    status = cluster.get("resourceclaims", "stale")["status"]
+    assert status["reservedFor"] == [
+        {"resource": "pods", "name": "new", "uid": new["metadata"]["uid"]}
+    ]
+    assert status["allocation"]["devices"]["results"][0]["device"] == "cpudevnuma000"
 
 
 async def test_run_schedules_on_poke(cluster: Cluster, nursery: trio.Nursery) -> None:
