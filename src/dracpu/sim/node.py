@@ -36,11 +36,11 @@ import trio
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import SimKubelet
-from dracpu.sim.kubelet.runtime import ContainerRuntimeError
-from dracpu.sim.runtime.simulator import ContainerCreateError, RuntimeSimulator
+from dracpu.sim.kubelet.runtime import PodRuntimeAdapter
+from dracpu.sim.runtime.simulator import RuntimeSimulator
 from dracpu.sim.scheduler.shell import Scheduler
 
-__all__ = ["DaemonProcess", "SimNode", "SimNodeError", "SimRuntimeAdapter"]
+__all__ = ["DaemonProcess", "SimNode", "SimNodeError"]
 
 DEVICE_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -52,31 +52,6 @@ DEVICE_CLASS = {
 
 class SimNodeError(Exception):
     """The simulated node or its daemon did not come up; the message says what and why."""
-
-
-class SimRuntimeAdapter:
-    """The kubelet's runtime interface on top of the NRI runtime simulator."""
-
-    def __init__(self, runtime: RuntimeSimulator) -> None:
-        self.runtime = runtime
-
-    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None:
-        await self.runtime.create_pod(pod_uid, name, namespace)
-
-    async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
-        try:
-            return await self.runtime.create_container(pod_uid, name, env)
-        except ContainerCreateError as exc:
-            raise ContainerRuntimeError(str(exc)) from exc
-
-    async def stop_container(self, container_id: str) -> None:
-        await self.runtime.stop_container(container_id)
-
-    async def remove_container(self, container_id: str) -> None:
-        await self.runtime.remove_container(container_id)
-
-    async def remove_pod_sandbox(self, pod_uid: str) -> None:
-        await self.runtime.remove_pod(pod_uid)
 
 
 def free_port() -> int:
@@ -143,7 +118,9 @@ class SimNode:
     node_cpus: str
     node_name: str = "demo-node"
     node_mems: str = "0"
-    api: SimAPIServer = field(default_factory=SimAPIServer)
+    # Graceful deletion: a deleted pod's claims are unprepared before its CPUs can be
+    # allocated again, as on a real cluster.
+    api: SimAPIServer = field(default_factory=lambda: SimAPIServer(graceful_pod_deletion=True))
     runtime: RuntimeSimulator | None = None
     kubelet: SimKubelet | None = None
     scheduler: Scheduler | None = None
@@ -201,7 +178,7 @@ class SimNode:
                 self.kubelet = SimKubelet(
                     self.kubelet_root,
                     self.kube,
-                    SimRuntimeAdapter(self.runtime),
+                    PodRuntimeAdapter(self.runtime),
                     self.node_name,
                     cdi_dir=self.cdi_dir,
                 )
