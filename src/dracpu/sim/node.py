@@ -36,6 +36,7 @@ import trio
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import SimKubelet
+from dracpu.sim.kubelet.pods import Backoff
 from dracpu.sim.kubelet.runtime import PodRuntimeAdapter
 from dracpu.sim.runtime.simulator import RuntimeSimulator
 from dracpu.sim.scheduler.shell import Scheduler
@@ -126,6 +127,10 @@ class SimNode:
     scheduler: Scheduler | None = None
     kube: KubeClient | None = None
     daemon: DaemonProcess | None = None
+    # The kubelet's retry backoff (None: its default, 1 s doubling up to 30 s).
+    kubelet_backoff: Backoff | None = None
+    # What the last start_daemon/launch_daemon was given, for restart_daemon.
+    _daemon_launch: tuple[str, tuple[str, ...]] | None = field(default=None, repr=False)
 
     def path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
@@ -181,6 +186,7 @@ class SimNode:
                     PodRuntimeAdapter(self.runtime),
                     self.node_name,
                     cdi_dir=self.cdi_dir,
+                    backoff=self.kubelet_backoff,
                 )
                 await nursery.start(self.kubelet.run)
                 self.scheduler = Scheduler(self.kube, self.node_name, poll_interval=0.2)
@@ -222,6 +228,16 @@ class SimNode:
         ready_timeout: float = 30.0,
     ) -> DaemonProcess:
         """Start ``dracpu run`` and wait until its ``/readyz`` says ready."""
+        await self.launch_daemon(sysfs_root=sysfs_root, extra_args=extra_args)
+        await self.wait_ready(ready_timeout)
+        assert self.daemon is not None
+        return self.daemon
+
+    async def launch_daemon(
+        self, *, sysfs_root: str, extra_args: Sequence[str] = ()
+    ) -> DaemonProcess:
+        """Start ``dracpu run`` without waiting for it to be ready."""
+        self._daemon_launch = (sysfs_root, tuple(extra_args))
         http_port, debug_port = free_port(), free_port()
         args = [
             *self.daemon_args(sysfs_root=sysfs_root, http_port=http_port, debug_port=debug_port),
@@ -234,8 +250,25 @@ class SimNode:
                 args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         self.daemon = DaemonProcess(process, http_port, debug_port, log_path)
-        await self.wait_ready(ready_timeout)
         return self.daemon
+
+    async def kill_daemon(self) -> int | None:
+        """SIGKILL the running daemon and reap it; its exit code (None when none ran)."""
+        daemon = self.daemon
+        if daemon is None:
+            return None
+        daemon.kill()
+        return await daemon.process.wait()
+
+    async def restart_daemon(self, *, wait: bool = True, ready_timeout: float = 30.0) -> None:
+        """SIGKILL the daemon and start it again with the arguments it was last given."""
+        if self._daemon_launch is None:
+            raise SimNodeError("the daemon was never started, so it cannot be restarted")
+        sysfs_root, extra_args = self._daemon_launch
+        await self.kill_daemon()
+        await self.launch_daemon(sysfs_root=sysfs_root, extra_args=extra_args)
+        if wait:
+            await self.wait_ready(ready_timeout)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         daemon = self.daemon
@@ -263,6 +296,17 @@ class SimNode:
         raise SimNodeError(
             f"dracpu run was not ready after {timeout:.0f} s: {last}\n{daemon.log_tail()}"
         )
+
+    async def daemon_ready(self) -> bool:
+        """Whether a daemon runs and its ``/readyz`` answers 200 (never raises)."""
+        daemon = self.daemon
+        if daemon is None or not daemon.running():
+            return False
+        try:
+            status, _ = await trio.to_thread.run_sync(_get, daemon.url + "/readyz")
+        except OSError:
+            return False
+        return status == 200
 
     async def debug_state(self) -> dict[str, Any]:
         if self.daemon is None:
