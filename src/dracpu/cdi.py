@@ -61,6 +61,8 @@ SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
 DEVICE_PREFIX = "claim-"
 # A file name is at most 255 bytes; the prefix, "claim-" and ".json" take 26 of them.
 MAX_CLAIM_UID = 128
+# Our specs are under 200 bytes; a spec file is read whole, so its size is capped.
+MAX_SPEC_BYTES = 1024 * 1024
 _UID_CHARS = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 
 
@@ -231,13 +233,17 @@ class _SpecError(Exception):
 def _load_spec(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise _SpecError(f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise _SpecError(f"larger than {MAX_SPEC_BYTES} bytes")
     try:
         spec = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _SpecError(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise _SpecError("invalid JSON: nested too deeply") from None
     if not isinstance(spec, dict):
         raise _SpecError("not a JSON object")
     version = spec.get("cdiVersion")

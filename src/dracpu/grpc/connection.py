@@ -53,6 +53,15 @@ _RESERVED = frozenset(
     )
 )
 DEFAULT_MAX_CONCURRENT_STREAMS = 1000
+# Advertised in SETTINGS and enforced by the HPACK decoder (an oversized header block
+# ends the connection with ENHANCE_YOUR_CALM). The kubelet's request headers take a few
+# hundred bytes.
+MAX_HEADER_LIST_SIZE = 16 * 1024
+# Request bytes one connection may hold in unfinished messages across all its streams.
+# The client's DATA is acknowledged as it arrives (so windows never stall), which means
+# flow control alone does not bound this: without a cap, every concurrent stream could
+# buffer a message of MAX_MESSAGE_SIZE.
+MAX_CONNECTION_BUFFER = 4 * MAX_MESSAGE_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,7 @@ class _Stream:
         "client_done",
         "decoder",
         "headers_sent",
+        "held",
         "message",
         "metadata",
         "outbound",
@@ -106,6 +116,7 @@ class _Stream:
         self.headers_sent = False
         self.outbound = bytearray()
         self.trailers: list[tuple[bytes, bytes]] | None = None
+        self.held = 0  # bytes counted against the connection's buffer budget
 
 
 def _h2_config() -> h2.config.H2Configuration:
@@ -148,15 +159,23 @@ class GRPCServerConnection:
         *,
         max_message_size: int = MAX_MESSAGE_SIZE,
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
+        max_header_list_size: int = MAX_HEADER_LIST_SIZE,
+        max_connection_buffer: int = MAX_CONNECTION_BUFFER,
     ) -> None:
         self._h2 = h2.connection.H2Connection(config=_h2_config())
         self._h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_concurrent_streams
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: max_header_list_size,
             },
         )
+        # The decoder enforces the limit from the first byte: a client may send headers
+        # before it has seen our SETTINGS.
+        self._h2.decoder.max_header_list_size = max_header_list_size
         self._max_message_size = max_message_size
+        self._max_buffer = max_connection_buffer
+        self._buffered = 0
         self._streams: dict[int, _Stream] = {}
         self._blocked: set[int] = set()  # streams with replies waiting for window
         self._goaway_last_id: int | None = None
@@ -180,6 +199,11 @@ class GRPCServerConnection:
     def active_streams(self) -> int:
         """Streams accepted and not yet finished (answered or reset)."""
         return len(self._streams)
+
+    @property
+    def buffered_request_bytes(self) -> int:
+        """Request bytes held in unfinished messages, over all streams (bounded)."""
+        return self._buffered
 
     @property
     def shutting_down(self) -> bool:
@@ -208,8 +232,7 @@ class GRPCServerConnection:
         # ProtocolError: the connection is already closed on h2's side.
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._h2.close_connection(ErrorCodes.NO_ERROR, last_stream_id=last)
-        self._streams.clear()
-        self._blocked.clear()
+        self._forget_all()
 
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes from the socket; always flush ``data_to_send`` afterwards."""
@@ -220,7 +243,7 @@ class GRPCServerConnection:
         except h2.exceptions.ProtocolError as exc:
             # h2 has queued GOAWAY(PROTOCOL_ERROR) where it can; nothing else is possible.
             self.closed = True
-            self._streams.clear()
+            self._forget_all()
             code = getattr(exc, "error_code", ErrorCodes.PROTOCOL_ERROR)
             return [ConnectionClosed(int(code))]
         events: list[Event] = []
@@ -238,22 +261,47 @@ class GRPCServerConnection:
         elif isinstance(ev, h2.events.StreamEnded):
             self._on_end(ev.stream_id, out)
         elif isinstance(ev, h2.events.StreamReset):
-            if self._streams.pop(ev.stream_id, None) is not None:
-                self._blocked.discard(ev.stream_id)
+            if self._forget(ev.stream_id) is not None:
                 out.append(StreamAborted(ev.stream_id))
         elif isinstance(ev, h2.events.ConnectionTerminated):
             for sid in self._streams:
                 out.append(StreamAborted(sid))
-            self._streams.clear()
-            self._blocked.clear()
+            self._forget_all()
             self.closed = True
             out.append(ConnectionClosed(int(ev.error_code or 0)))
         # WindowUpdated and RemoteSettingsChanged are covered by _pump_blocked(); PING
         # and SETTINGS are acknowledged by h2 itself.
 
+    def _forget(self, sid: int) -> _Stream | None:
+        stream = self._streams.pop(sid, None)
+        self._blocked.discard(sid)
+        if stream is not None:
+            self._buffered -= stream.held
+            stream.held = 0
+        return stream
+
+    def _forget_all(self) -> None:
+        self._streams.clear()
+        self._blocked.clear()
+        self._buffered = 0
+
+    def _hold(self, stream: _Stream) -> None:
+        """Re-count what the stream holds; a poisoned decoder or handed-over message holds 0."""
+        held = stream.decoder.buffered + len(stream.message or b"")
+        self._buffered += held - stream.held
+        stream.held = held
+
     # -- inbound ------------------------------------------------------------------------
 
     def _on_headers(self, ev: h2.events.RequestReceived) -> None:
+        try:
+            self._accept_headers(ev)
+        except h2.exceptions.StreamClosedError:
+            # Later frames of the same read already closed the stream (the client's
+            # END_STREAM crossed our early answer, or it reset the stream): nothing to send.
+            self._forget(ev.stream_id)
+
+    def _accept_headers(self, ev: h2.events.RequestReceived) -> None:
         sid = ev.stream_id
         if self._goaway_last_id is not None and sid > self._goaway_last_id:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
@@ -294,7 +342,8 @@ class GRPCServerConnection:
                 self.send_status(sid, exc.status, exc.message)
 
     def _finish_early(self, sid: int, client_done: bool) -> None:
-        if not client_done:
+        h2_stream = self._h2.streams.get(sid)
+        if not client_done and h2_stream is not None and not h2_stream.closed:
             self._h2.reset_stream(sid, ErrorCodes.NO_ERROR)
 
     def _on_data(self, ev: h2.events.DataReceived) -> None:
@@ -309,14 +358,27 @@ class GRPCServerConnection:
         try:
             messages = stream.decoder.feed(ev.data)
         except RPCError as exc:
+            self._hold(stream)
             self.send_status(sid, exc.status, exc.message)
             return
-        if not messages:
-            return
-        if stream.message is not None or len(messages) > 1:
+        if messages and (stream.message is not None or len(messages) > 1):
+            stream.decoder = MessageDecoder(0)  # drop what is buffered; the call is over
+            stream.message = None
+            self._hold(stream)
             self.send_status(sid, Status.INTERNAL, "unary request carries more than one message")
             return
-        stream.message = messages[0]
+        if messages:
+            stream.message = messages[0]
+        self._hold(stream)
+        if self._buffered > self._max_buffer:
+            stream.decoder = MessageDecoder(0)
+            stream.message = None
+            self._hold(stream)
+            self.send_status(
+                sid,
+                Status.RESOURCE_EXHAUSTED,
+                f"connection holds more than {self._max_buffer} bytes of unfinished requests",
+            )
 
     def _on_end(self, sid: int, out: list[Event]) -> None:
         stream = self._streams.get(sid)
@@ -337,6 +399,7 @@ class GRPCServerConnection:
             RequestReceived(sid, stream.path, stream.message, stream.metadata, stream.timeout)
         )
         stream.message = b""  # the handler owns it now; keep the stream's state small
+        self._hold(stream)
 
     # -- outbound -----------------------------------------------------------------------
 
@@ -370,8 +433,7 @@ class GRPCServerConnection:
 
     def reset_stream(self, stream_id: int, error_code: int = ErrorCodes.CANCEL) -> None:
         """Abandon a stream (e.g. deadline passed while replies were still queued)."""
-        if self._streams.pop(stream_id, None) is not None:
-            self._blocked.discard(stream_id)
+        if self._forget(stream_id) is not None:
             self._h2.reset_stream(stream_id, error_code)
 
     def outbound_pending(self, stream_id: int) -> int:
@@ -383,7 +445,7 @@ class GRPCServerConnection:
         for sid in list(self._blocked):
             stream = self._streams.get(sid)
             if stream is None:
-                self._blocked.discard(sid)
+                self._forget(sid)
             else:
                 self._pump(sid, stream)
 
@@ -406,8 +468,7 @@ class GRPCServerConnection:
                 if not stream.client_done:
                     # Answered before the request ended: release the stream (1.4).
                     h2conn.reset_stream(sid, ErrorCodes.NO_ERROR)
-                del self._streams[sid]
+                self._forget(sid)
         except h2.exceptions.StreamClosedError:
             # The stream closed under us (a reset already processed by h2).
-            self._streams.pop(sid, None)
-            self._blocked.discard(sid)
+            self._forget(sid)

@@ -55,6 +55,7 @@ from dracpu.proto.dra.v1beta1 import api_pb2 as v1beta1_pb
 from dracpu.topology.model import Topology
 
 __all__ = [
+    "MAX_CLAIMS_PER_CALL",
     "ClaimPrepareResult",
     "ClaimRef",
     "ClaimUnprepareResult",
@@ -67,6 +68,11 @@ log = logging.getLogger(__name__)
 
 Persist = Callable[[], Awaitable[None]]
 T = TypeVar("T")
+
+# The kubelet sends the claims of one pod per call; a pod names a few at most. The cap keeps
+# one request from holding the prepare lock (and the claim reads before it) for an
+# unbounded time.
+MAX_CLAIMS_PER_CALL = 256
 
 
 class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -380,14 +386,21 @@ class DRAService:
         return {**self.handlers_v1(), **self.handlers_v1beta1()}
 
 
-def _refs(request: Any) -> list[ClaimRef]:
+def _refs(request: Any, method: str) -> list[ClaimRef]:
+    count = len(request.claims)
+    if count > MAX_CLAIMS_PER_CALL:
+        # The whole call is refused before any claim is read or touched.
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"{method}: {count} claims in one call, more than the limit of {MAX_CLAIMS_PER_CALL}",
+        )
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
 async def _serve_prepare(service: DRAService, stream: Any, pb: Any, share_ids: bool) -> None:
     request = await stream.recv_message()
     try:
-        results = await service.prepare(_refs(request))
+        results = await service.prepare(_refs(request, "NodePrepareResources"))
     except ClaimReadError as exc:
         # A claim that cannot be read fails the whole call (§7 step 1); grpc-go reports a
         # plain error as UNKNOWN, which is what the kubelet sees from the Go helper.
@@ -410,7 +423,7 @@ async def _serve_prepare(service: DRAService, stream: Any, pb: Any, share_ids: b
 
 async def _serve_unprepare(service: DRAService, stream: Any, pb: Any) -> None:
     request = await stream.recv_message()
-    results = await service.unprepare(_refs(request))
+    results = await service.unprepare(_refs(request, "NodeUnprepareResources"))
     reply = pb.NodeUnprepareResourcesResponse()
     for uid, result in results.items():
         reply.claims[uid].error = result.error

@@ -17,6 +17,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -24,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from dracpu import DRIVER_NAME
 from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
-from dracpu.cdi import atomic_write
+from dracpu.cdi import CDIError, atomic_write, check_claim_uid
 
 __all__ = [
     "METADATA_DIR",
@@ -129,12 +130,32 @@ def metadata_spec(claim: ClaimAllocation, request: str, host_path: str) -> dict[
     }
 
 
-def _safe(part: str) -> bool:
-    return bool(part) and "/" not in part and "\x00" not in part and part not in (".", "..")
+# What the API server accepts: namespaces and request names are DNS-1123 labels, claim
+# names DNS-1123 subdomains. Anything else did not come from a real claim. Holding names to
+# these rules keeps them from walking out of the metadata directory ("..", "/") and keeps
+# "<namespace>_<name>" unambiguous (neither may contain "_").
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?")
+
+
+def _is_label(part: str) -> bool:
+    return _DNS_LABEL.fullmatch(part) is not None
+
+
+def _is_subdomain(part: str) -> bool:
+    return len(part) <= 253 and _DNS_SUBDOMAIN.fullmatch(part) is not None and ".." not in part
+
+
+def _uid_ok(uid: str) -> bool:
+    try:
+        check_claim_uid(uid)
+    except CDIError:
+        return False
+    return True
 
 
 def _claim_dir(plugin_dir: str, namespace: str, name: str) -> str | None:
-    if not (_safe(namespace) and _safe(name)):
+    if not (_is_label(namespace) and _is_subdomain(name)):
         return None
     return os.path.join(plugin_dir, METADATA_DIR, f"{namespace}_{name}")
 
@@ -153,12 +174,14 @@ def write_claim_metadata(
     written: dict[str, str] = {}
     claim_dir = _claim_dir(plugin_dir, claim.namespace, claim.name)
     requests = dict.fromkeys(_base(r) for d in devices for r in d.request_names)
+    usable_uid = _uid_ok(claim.uid)
     for request in requests:
-        if claim_dir is None or not _safe(request):
+        if claim_dir is None or not usable_uid or not _is_label(request):
             log.warning(
-                "device metadata skipped: unusable names in claim %s/%s request %r",
+                "device metadata skipped: unusable names in claim %r/%r uid %r request %r",
                 claim.namespace,
                 claim.name,
+                claim.uid,
                 request,
             )
             continue
@@ -194,7 +217,7 @@ def remove_claim_metadata(
             pass
         except OSError as exc:
             log.warning("failed to remove device metadata %s: %s", claim_dir, exc)
-    if not _safe(uid):
+    if not _uid_ok(uid):
         return
     pattern = os.path.join(
         glob.escape(cdi_dir), f"{DRIVER_NAME}_metadata_{glob.escape(uid)}_*.json"
