@@ -318,7 +318,8 @@ async def main() -> None:
         print(f"  {line}")
     print(f"total_s: {elapsed:.1f} s")
     print(f"lifecycles_per_s: {lifecycles / elapsed:.1f} /s")
-    print(f"rss_growth_mb: {end_rss - warm_rss:.2f} MB (target < 5; after {soak.warmup_at} warm-up)")
+    growth = end_rss - warm_rss
+    print(f"rss_growth_mb: {growth:.2f} MB (target < 5; after {soak.warmup_at} warm-up)")
     print(f"rss_ready_mb: {rss_ready:.1f} MB")
     print(f"rss_warm_mb: {warm_rss:.1f} MB")
     print(f"rss_end_mb: {end_rss:.1f} MB")
