@@ -213,14 +213,15 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             w(f"  {key:<28} not allocated: {claim['error']}\n")
         elif claim["cpus"]:
             cpus = CPUSet.parse(claim["cpus"])
-            numa = sorted({topo.cpus[c].numa for c in cpus if c in topo.cpus})
-            w(f"  {key:<28} {claim['cpus']} ({len(cpus)} CPUs, NUMA {numa})\n")
+            numa = CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
+            plural = "s" if len(cpus) != 1 else ""
+            w(f"  {key:<28} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa})\n")
         else:
             w(f"  {key:<28} (no CPUs held: unprepared)\n")
     w("\nContainers (cpuset read back from the cgroup tree):\n")
     for key, ctr_cpus in result.containers.items():
         kind = "shared pool" if ctr_cpus == result.shared_pool else "exclusive"
-        w(f"  {key:<28} {ctr_cpus:<20} {kind}\n")
+        w(f"  {key:<28} {kind:<12} {ctr_cpus}\n")
     w("\nCPU map:\n")
     claims = {k: CPUSet.parse(v["cpus"]) for k, v in result.claims.items() if v["cpus"]}
     w(
@@ -231,8 +232,14 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             reserved=CPUSet.parse(result.reserved),
         )
     )
-    for note in opts.scenario.notes:
-        w(f"\nnote: {note}\n")
+    if opts.scenario.notes:
+        w("\n")
+        for note in opts.scenario.notes:
+            w(f"note: {note}\n")
+        w(
+            f"note: this node has {topo.num_cpus} CPU(s); for the whole scenario try another "
+            "machine shape, e.g. dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht\n"
+        )
 
 
 async def run_demo(opts: DemoOptions, out: TextIO) -> DemoResult:
