@@ -9,7 +9,9 @@ HTTP in worker threads, so no test asserts on the virtual time they take."""
 from __future__ import annotations
 
 import copy
+import io
 import json
+import logging
 import math
 import os
 import shutil
@@ -26,6 +28,7 @@ import trio.testing
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
 from dracpu.k8s.slices import Plan, SliceReconciler, SliceUpdate, backoff_delay, plan_reconcile
+from dracpu.logs import setup_logging
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.topology import discover_from_root
 
@@ -821,3 +824,26 @@ async def test_server_ended_watches_are_renewed_at_once(
     await until(lambda: r.sync_reasons["watch"] == 1 and r.generation == 2, "the repair")
     assert_matches(server, want, 2)
     nursery.cancel_scope.cancel()
+
+
+async def test_each_publication_carries_one_operation_id(
+    sim: tuple[SimAPIServer, KubeClient],
+) -> None:
+    """behavior.md §16.1: every line of one PublishResources shares an opID, first line
+    `begin: ...`, last line `end: ...`."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    out = io.StringIO()
+    setup_logging("json", 4, out)
+    try:
+        _, kube = sim
+        await reconciler(kube, desired("xeon-2s-ht", "grouped")).sync_once()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    ours = [line for line in lines if "opID" in line]
+    assert ours[0]["msg"] == "begin: PublishResources"
+    assert ours[-1]["msg"] == "end: PublishResources"
+    assert any(x["msg"].startswith("resourceslices: generation 1, 1 created") for x in ours)
+    assert len({x["opID"] for x in ours}) == 1

@@ -28,6 +28,7 @@ import trio
 from dracpu import DRIVER_NAME
 from dracpu.k8s.client import Gone, K8sError, KubeClient, NotFound, TooManyRequests
 from dracpu.k8s.watch import WatchEvent, WatchStream, watch_once
+from dracpu.logs import operation
 
 __all__ = [
     "Plan",
@@ -476,28 +477,29 @@ class SliceReconciler:
 
     async def sync_once(self) -> Plan:
         """List, plan and apply once; the first failing call raises its ``K8sError``."""
-        existing = await self._list()
-        plan = plan_reconcile(self._desired, existing, current_generation=self.generation)
-        api = self.kube.resource
-        for name in plan.deletes:
-            with contextlib.suppress(NotFound):  # already gone: that is what we wanted
-                self._remember_write(await self._call(api.delete_resource_slice, name))
-        for update in plan.updates:
-            self._remember_write(
-                await self._call(api.replace_resource_slice, update.name, update.body)
-            )
-        for body in plan.creates:
-            self._remember_write(await self._call(api.create_resource_slice, body))
-        self.generation = plan.generation
-        if not plan.empty:
-            log.info(
-                "resourceslices: generation %d, %d created, %d updated, %d deleted",
-                plan.generation,
-                len(plan.creates),
-                len(plan.updates),
-                len(plan.deletes),
-            )
-        return plan
+        with operation("PublishResources", v=4, node=self.node_name):
+            existing = await self._list()
+            plan = plan_reconcile(self._desired, existing, current_generation=self.generation)
+            api = self.kube.resource
+            for name in plan.deletes:
+                with contextlib.suppress(NotFound):  # already gone: that is what we wanted
+                    self._remember_write(await self._call(api.delete_resource_slice, name))
+            for update in plan.updates:
+                self._remember_write(
+                    await self._call(api.replace_resource_slice, update.name, update.body)
+                )
+            for body in plan.creates:
+                self._remember_write(await self._call(api.create_resource_slice, body))
+            self.generation = plan.generation
+            if not plan.empty:
+                log.info(
+                    "resourceslices: generation %d, %d created, %d updated, %d deleted",
+                    plan.generation,
+                    len(plan.creates),
+                    len(plan.updates),
+                    len(plan.deletes),
+                )
+            return plan
 
     async def _call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> bytes:
         self.api_calls += 1
