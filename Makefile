@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint proto proto-check bench clean docs-check
+.PHONY: demo test lint proto proto-check bench clean docs-check chaos
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,10 @@ clean:
 # Every command and example in docs/ (tests/docs; see docs/development.md).
 docs-check: $(STAMP)
 	$(BIN)/python -m pytest tests/docs -q
+
+# Seeded chaos run of the real daemon on the simulated node (grouped, then individual mode);
+# prints faults_injected, invariant_violations and settle_ms. The short run is in tests/chaos.
+SEED     ?= 1
+DURATION ?= 300
+chaos: $(STAMP)
+	$(BIN)/python -m dracpu.sim.chaos --seed $(SEED) --duration $(DURATION)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -559,12 +560,31 @@ class ChaosResult:
     violations: list[Violation] = field(default_factory=list)
     settle_ms: int = 0
     settled: bool = False
-    notes: list[str] = field(default_factory=list)
     workdir: str = ""
+    # What the daemon's log shows it did about the faults (evidence the paths ran).
+    evidence: Counter[str] = field(default_factory=Counter)
 
     @property
     def faults_injected(self) -> int:
         return sum(self.faults.values())
+
+
+# Log lines of the daemon that show a fault was handled by the path meant for it.
+EVIDENCE = {
+    "daemon_starts": "driver started",
+    "fallback_writes": "fallback cpuset write container_id",
+    "drift_repairs": "repaired cpuset drift",
+}
+
+
+def count_evidence(log_text: str) -> Counter[str]:
+    """How often each ``EVIDENCE`` line occurs in the daemon's log."""
+    counts: Counter[str] = Counter()
+    for line in log_text.splitlines():
+        for name, needle in EVIDENCE.items():
+            if needle in line:
+                counts[name] += 1
+    return counts
 
 
 def format_result(result: ChaosResult) -> str:
@@ -947,6 +967,11 @@ async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     chaos = ChaosRun(opts, plan, node)
     try:
         result = await chaos.run()
+        try:
+            log_text = Path(node.path("dracpu.log")).read_text(errors="replace")
+        except OSError:
+            log_text = ""
+        result.evidence = count_evidence(log_text)
     finally:
         failed = bool(chaos.result.violations) or not chaos.result.settled
         if not (opts.keep_workdir or failed or opts.workdir):
@@ -981,6 +1006,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not args.verbose:
+        # The simulated kubelet and runtime warn about every failure the faults cause.
+        logging.disable(logging.WARNING)
     if args.duration <= 0:
         print(f"chaos: --duration must be positive, got {args.duration}", file=sys.stderr)
         return 2
@@ -1001,9 +1029,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = trio.run(run_chaos, opts)
         results.append(result)
         kinds = ", ".join(f"{k}={result.faults[k]}" for k in FAULT_KINDS)
+        seen = ", ".join(f"{k}={result.evidence[k]}" for k in EVIDENCE)
         print(
             f"== mode {mode}, seed {args.seed}: {result.pods_created} pods created, "
-            f"{result.pods_deleted} deleted, {time.monotonic() - started:.0f}s; faults: {kinds}"
+            f"{result.pods_deleted} deleted, {time.monotonic() - started:.0f}s\n"
+            f"   faults: {kinds}\n   daemon log: {seen}"
         )
         if result.violations:
             print(f"   node files kept in {result.workdir}")

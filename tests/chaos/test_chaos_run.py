@@ -1,0 +1,45 @@
+"""The short seeded chaos run: the real daemon under every kind of fault, then invariants.
+
+One run per device mode on the 80-CPU fixture with CPUs 0 and 40 reserved. Each injects
+every kind of fault (the plan puts one of each first) while pods come and go, then waits
+for the node to settle and checks every invariant of :mod:`dracpu.sim.chaos`. The long run
+is ``make chaos SEED=... DURATION=...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dracpu.sim.chaos import FAULT_KINDS, ChaosOptions, format_result, make_plan, run_chaos
+
+XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
+SEED = 20261202
+
+
+@pytest.mark.parametrize(("mode", "duration"), [("grouped", 30.0), ("individual", 18.0)])
+async def test_short_chaos_run_keeps_every_invariant(mode: str, duration: float) -> None:
+    plan = make_plan(SEED, duration, mode=mode)
+    assert set(plan.fault_counts()) == set(FAULT_KINDS)
+    result = await run_chaos(
+        ChaosOptions(
+            seed=SEED,
+            duration=duration,
+            mode=mode,
+            sysfs_root=XEON,
+            reserved_cpus="0,40",
+            settle_timeout=60.0,
+        )
+    )
+    report = format_result(result) + f"evidence: {dict(result.evidence)}; kept {result.workdir}"
+    assert result.violations == [], report
+    assert result.settled, report
+    # Every planned fault fired, so every kind was injected.
+    assert result.faults == plan.fault_counts(), report
+    assert set(result.faults) == set(FAULT_KINDS)
+    assert result.pods_created >= 15 and result.pods_deleted >= 5, report
+    # The daemon was killed and came back (its log shows each start that got that far).
+    assert result.evidence["daemon_starts"] >= 2, report
+    assert report.startswith(f"faults_injected: {sum(plan.fault_counts().values())}\n")
+    assert "invariant_violations: 0\n" in report
