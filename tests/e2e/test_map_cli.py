@@ -1,0 +1,82 @@
+"""`dracpu map` against a running daemon's /debug/state, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from dracpu.sim.node import SimNode, free_port
+
+XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
+
+
+def dracpu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dracpu", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_map_of_a_running_daemon() -> None:
+    node = SimNode(workdir=tempfile.mkdtemp(prefix="dmap", dir="/tmp"), node_cpus="0-79")
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "four", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "cpus",
+                        "exactly": {
+                            "deviceClassName": "dra.cpu",
+                            "capacity": {"requests": {"dra.cpu/cpu": "4"}},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "c", "resourceClaimName": "four"}],
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "c"}]}}],
+        },
+    }
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        daemon = await node.start_daemon(sysfs_root=XEON, extra_args=["--reserved-cpus=79"])
+        await node.create(claim)
+        await node.create(pod)
+        with trio.fail_after(30):
+            while node.pod_states().get("default/p", {}).get("phase") != "Running":
+                await trio.sleep(0.1)
+        state = await node.debug_state()
+        proc = await trio.to_thread.run_sync(dracpu, "map", "--url", daemon.debug_url)
+        nursery.cancel_scope.cancel()
+    assert proc.returncode == 0, proc.stderr
+    cpus = state["claims"][0]["cpus"]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "node demo-node"
+    assert lines[1].startswith("  Socket 0 · NUMA 0 · L3 0   ")
+    assert lines[2].startswith("  Socket 1 · NUMA 1 · L3 1   ")
+    assert lines[2].endswith(".r")  # CPU 79 is reserved: the second thread of the last core
+    assert f"    A  default/four  {cpus} (4 CPUs)" in lines
+    assert f"    .  shared pool   {state['sharedPool']} (75 CPUs)" in lines
+    assert "    r  reserved      79 (1 CPU)" in lines
+    assert json.dumps(state)  # the document the map was drawn from is plain JSON
+
+
+def test_map_errors() -> None:
+    port = free_port()
+    proc = dracpu("map", "--url", f"http://127.0.0.1:{port}")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"dracpu: cannot read http://127.0.0.1:{port}/debug/state: ")
