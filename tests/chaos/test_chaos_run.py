@@ -38,6 +38,8 @@ async def test_short_chaos_run_keeps_every_invariant(mode: str, duration: float)
     # Every planned fault fired, so every kind was injected.
     assert result.faults == plan.fault_counts(), report
     assert set(result.faults) == set(FAULT_KINDS)
+    for kind in ("cpuset-tamper", "slice-delete"):
+        assert result.missed[kind] < result.faults[kind], f"no {kind} hit anything: {report}"
     assert result.pods_created >= 15 and result.pods_deleted >= 5, report
     # The daemon was killed and came back (its log shows each start that got that far).
     assert result.evidence["daemon_starts"] >= 2, report

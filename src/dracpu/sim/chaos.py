@@ -557,6 +557,8 @@ class ChaosResult:
     faults: Counter[str] = field(default_factory=Counter)
     pods_created: int = 0
     pods_deleted: int = 0
+    # Faults that fired but found nothing to hit (no running container, no slice yet).
+    missed: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
     settle_ms: int = 0
     settled: bool = False
@@ -691,30 +693,34 @@ class ChaosRun:
                 out.append((ref, name, str(ctr["id"])))
         return out
 
-    def _tamper(self, value: int) -> str:
+    def _tamper(self, value: int) -> str | None:
+        """Rewrite a running container's cpuset file; None when there is none to hit."""
         runtime = self.node.runtime
         assert runtime is not None
         running = self._running_containers()
         if not running:
-            return "no running container to tamper with"
+            return None
         ref, name, cid = running[value % len(running)]
         try:
             container = runtime.container(cid)
-        except KeyError:
-            return f"container {ref}/{name} went away"
-        directory = runtime.tree.path_of(container.cgroups_path)
-        parent = CPUSet.parse((directory.parent / "cpuset.cpus").read_text().strip())
-        current = CPUSet.parse(runtime.cpuset_of(cid))
-        rng = random.Random(value)
-        choices = sorted(parent)
-        wrong = current
-        while wrong == current:
-            wrong = CPUSet(rng.sample(choices, rng.randint(1, min(8, len(choices)))))
-        # Straight into the file, as an admin or another agent would: no runtime involved.
-        (directory / "cpuset.cpus").write_text(wrong.format() + "\n")
+            directory = runtime.tree.path_of(container.cgroups_path)
+            parent = CPUSet.parse((directory.parent / "cpuset.cpus").read_text().strip())
+            current = CPUSet.parse(runtime.cpuset_of(cid))
+            rng = random.Random(value)
+            choices = sorted(parent)
+            wrong = current
+            while wrong == current:
+                wrong = CPUSet(rng.sample(choices, rng.randint(1, min(8, len(choices)))))
+            # Straight into the file, as an admin or another agent would: no runtime involved.
+            with open(directory / "cpuset.cpus", "r+") as f:
+                f.write(wrong.format() + "\n")
+                f.truncate()
+        except (KeyError, OSError, CPUSetParseError):
+            return None  # removed meanwhile
         return f"{ref}/{name} cpuset {current} -> {wrong}"
 
-    async def _inject(self, action: Action) -> str:
+    async def _inject(self, action: Action) -> str | None:
+        """Inject one fault; what it did, or None when it found nothing to hit."""
         node, value = self.node, action.value
         api, runtime = node.api, node.runtime
         assert runtime is not None
@@ -757,9 +763,12 @@ class ChaosRun:
                 (s["metadata"]["name"] for s in api.list("resourceslices")),
             )
             if not slices:
-                return "no slice to delete"
+                return None
             victim = slices[value % len(slices)]
-            api.delete("resourceslices", victim)
+            try:
+                api.delete("resourceslices", victim)
+            except Exception:  # the reconciler replaced it meanwhile
+                return None
             return f"slice {victim} deleted"
         if kind == "cpuset-tamper":
             return self._tamper(value)
@@ -785,7 +794,9 @@ class ChaosRun:
             await trio.sleep_until(start + action.at)
             what = await self._inject(action)
             self.result.faults[action.kind] += 1
-            self.say(f"fault {action.kind}: {what}")
+            if what is None:
+                self.result.missed[action.kind] += 1
+            self.say(f"fault {action.kind}: {what or 'nothing to hit'}")
 
     def _quiesce(self) -> None:
         runtime = self.node.runtime
@@ -802,8 +813,9 @@ class ChaosRun:
         daemon = node.daemon
         if daemon is None or not daemon.running():
             return ["the daemon is not running"]
-        if not await node.daemon_ready():
-            return ["the daemon is not ready"]
+        ready, why = await node.readiness()
+        if not ready:
+            return [f"the daemon is not ready: {' '.join(why.split())[:300]}"]
         try:
             state = await node.debug_state()
         except (OSError, SimNodeError, ValueError) as exc:
@@ -1033,7 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"== mode {mode}, seed {args.seed}: {result.pods_created} pods created, "
             f"{result.pods_deleted} deleted, {time.monotonic() - started:.0f}s\n"
-            f"   faults: {kinds}\n   daemon log: {seen}"
+            f"   faults: {kinds}\n   missed (nothing to hit): {dict(result.missed)}\n"
+            f"   daemon log: {seen}"
         )
         if result.violations:
             print(f"   node files kept in {result.workdir}")

@@ -299,14 +299,19 @@ class SimNode:
 
     async def daemon_ready(self) -> bool:
         """Whether a daemon runs and its ``/readyz`` answers 200 (never raises)."""
+        return (await self.readiness())[0]
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): ``/readyz?verbose`` of the running daemon; never raises."""
         daemon = self.daemon
         if daemon is None or not daemon.running():
-            return False
+            return False, "the daemon is not running"
         try:
-            status, _ = await trio.to_thread.run_sync(_get, daemon.url + "/readyz")
-        except OSError:
-            return False
-        return status == 200
+            status, body = await trio.to_thread.run_sync(_get, daemon.url + "/readyz?verbose")
+        except OSError as exc:
+            return False, f"/readyz: {exc}"
+        text = body.decode(errors="replace").strip()
+        return status == 200, text
 
     async def debug_state(self) -> dict[str, Any]:
         if self.daemon is None:
