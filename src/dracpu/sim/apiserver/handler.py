@@ -160,8 +160,11 @@ class Handler:
         self.server_address = server_address
 
     def handle(self, request: Request) -> Response | WatchStart | DropConnection:
-        split = urlsplit(request.target)
-        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        try:
+            split = urlsplit(request.target)
+            query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        except ValueError as exc:  # e.g. an unbalanced "[" read as an IPv6 host
+            return error_response(errors.bad_request(f"invalid request target: {exc}"))
         try:
             found = self._discovery(request.method, split.path)
             if found is not None:
@@ -307,4 +310,8 @@ def _decode(body: bytes) -> Any:
     except ValueError as exc:
         raise errors.bad_request(
             f"the body of the request was in an unknown format: {exc}"
+        ) from None
+    except RecursionError:
+        raise errors.bad_request(
+            "the body of the request was in an unknown format: JSON nested too deeply"
         ) from None

@@ -124,6 +124,48 @@ class _ListPage:
     remaining: int
 
 
+_META_STRINGS = ("name", "namespace", "generateName", "resourceVersion", "uid")
+_META_STRING_MAPS = ("labels", "annotations")
+
+
+def _cannot_unmarshal(field_name: str, value: Any, go_type: str) -> ApiError:
+    # The wording of encoding/json's UnmarshalTypeError, which the real server returns.
+    kind = {
+        bool: "bool",
+        int: "number",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), "value")
+    return errors.bad_request(
+        f"json: cannot unmarshal {kind} into Go struct field ObjectMeta.metadata.{field_name} "
+        f"of type {go_type}"
+    )
+
+
+def _check_meta_types(meta: dict[str, Any]) -> None:
+    """Refuse metadata fields of the wrong JSON type before anything reads them."""
+    for field_name in _META_STRINGS:
+        value = meta.get(field_name)
+        if value is not None and not isinstance(value, str):
+            raise _cannot_unmarshal(field_name, value, "string")
+    for field_name in _META_STRING_MAPS:
+        value = meta.get(field_name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise _cannot_unmarshal(field_name, value, "map[string]string")
+        for item in value.values():
+            if not isinstance(item, str):
+                raise _cannot_unmarshal(field_name, item, "string")
+    finalizers = meta.get("finalizers")
+    if finalizers is not None and (
+        not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)
+    ):
+        raise _cannot_unmarshal("finalizers", finalizers, "[]string")
+
+
 @dataclass
 class ObjectStore:
     history_limit: int = 1000
@@ -364,6 +406,7 @@ class ObjectStore:
         obj["apiVersion"] = resource.api_version
         if not isinstance(obj.get("metadata"), dict):
             obj["metadata"] = {}
+        _check_meta_types(obj["metadata"])
         return obj  # type: ignore[no-any-return]
 
     def _validate(self, resource: ResourceType, obj: Obj, old: Obj | None) -> None:
