@@ -109,6 +109,8 @@ def test_report_format() -> None:
 def test_cli_rejects_a_bad_duration(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--duration", "0"]) == 2
     assert capsys.readouterr().err == "chaos: --duration must be positive, got 0.0\n"
+    assert main(["--intensity", "-1"]) == 2
+    assert capsys.readouterr().err == "chaos: --intensity must be positive, got -1.0\n"
     with pytest.raises(SystemExit) as exc:
         main(["--mode", "sideways"])
     assert exc.value.code == 2

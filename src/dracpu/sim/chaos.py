@@ -545,6 +545,7 @@ class ChaosOptions:
     sysfs_root: str = DEFAULT_FIXTURE
     reserved_cpus: str = "0,40"
     settle_timeout: float = 90.0
+    intensity: float = 1.0  # faults per second, relative to the default schedule
     workdir: str | None = None
     keep_workdir: bool = False
     verbose: bool = False
@@ -964,7 +965,10 @@ class ChaosRun:
 async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     """One seeded chaos run on a fresh simulated node; the work directory is removed after
     unless ``keep_workdir`` (or a violation, which keeps it for the post-mortem)."""
-    plan = make_plan(opts.seed, opts.duration, mode=opts.mode)
+    if opts.intensity <= 0:
+        raise ValueError(f"chaos intensity must be positive, got {opts.intensity}")
+    step = (0.5 / opts.intensity, 2.2 / opts.intensity)
+    plan = make_plan(opts.seed, opts.duration, mode=opts.mode, fault_step=step)
     topo = discover_from_root(opts.sysfs_root)
     workdir = opts.workdir or tempfile.mkdtemp(prefix="drc", dir="/tmp")
     mems = CPUSet(sorted(topo.by_numa)).format() or "0"
@@ -1010,6 +1014,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sysfs-root", default=DEFAULT_FIXTURE, help="fake sysfs of the node")
     p.add_argument("--reserved-cpus", default="0,40", help="the daemon's --reserved-cpus")
     p.add_argument("--settle-timeout", type=float, default=90.0)
+    p.add_argument(
+        "--intensity", type=float, default=1.0, help="fault rate relative to the default (~0.7/s)"
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep the node's files")
     p.add_argument("--json", action="store_true", help="also print a JSON summary line")
     p.add_argument("-v", "--verbose", action="store_true", help="log faults on stderr")
@@ -1024,6 +1031,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.duration <= 0:
         print(f"chaos: --duration must be positive, got {args.duration}", file=sys.stderr)
         return 2
+    if args.intensity <= 0:
+        print(f"chaos: --intensity must be positive, got {args.intensity}", file=sys.stderr)
+        return 2
     modes = ("grouped", "individual") if args.mode == "both" else (args.mode,)
     results = []
     for mode in modes:
@@ -1034,6 +1044,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sysfs_root=args.sysfs_root,
             reserved_cpus=args.reserved_cpus,
             settle_timeout=args.settle_timeout,
+            intensity=args.intensity,
             keep_workdir=args.keep_workdir,
             verbose=args.verbose,
         )
