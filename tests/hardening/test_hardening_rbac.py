@@ -1,0 +1,165 @@
+"""RBAC: the ClusterRole in deploy/base against the API calls the driver's code makes.
+
+The calls are collected from the source itself (an AST scan of everything but the
+simulators): every attribute named like a ``CoreV1Api`` / ``ResourceV1Api`` method, mapped
+to (API group, resource, verb), plus ``watch`` for each list method handed to
+``watch_once``. A call the role does not grant fails the driver in a real cluster; a grant
+the code never uses is privilege an attacker holding the driver's token would get for free.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from deploy_render import DEPLOY, by_kind, kustomize
+from kubernetes import client as k8s_client
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "dracpu"
+# The simulators play the kubelet, scheduler and API server; they are not the driver.
+NOT_THE_DRIVER = ("sim", "demo")
+
+GROUPS = {k8s_client.CoreV1Api: "", k8s_client.ResourceV1Api: "resource.k8s.io"}
+VERBS = (
+    ("delete_collection", "deletecollection"),
+    ("read", "get"),
+    ("list", "list"),
+    ("create", "create"),
+    ("replace", "update"),
+    ("patch", "patch"),
+    ("delete", "delete"),
+)
+PLURALS = {"device_class": "deviceclasses"}
+
+Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+# Granted for parity with upstream's chart (behavior.md §17.2) but never called by dracpu:
+# the Go kubelet-plugin helper reads device classes, writes claim device status and looks
+# pods up; dracpu does none of these. They should leave deploy/base/rbac.yaml (and the
+# §17.2 table its deploy test pins); until then they are listed here, so that any *new*
+# unused grant fails this test.
+UNUSED_UPSTREAM_GRANTS: frozenset[Grant] = frozenset(
+    {
+        ("resource.k8s.io", "deviceclasses", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
+)
+
+
+def _api_method(name: str) -> tuple[type, str] | None:
+    """The API class whose resource method this is; None for anything else (close, ...)."""
+    if not any(name.startswith(prefix + "_") for prefix, _ in VERBS):
+        return None
+    for api in GROUPS:
+        if callable(getattr(api, name, None)):
+            return api, name.removesuffix("_with_http_info")
+    return None
+
+
+def grant_of(method: str) -> Grant:
+    """``list_resource_slice`` -> ("resource.k8s.io", "resourceslices", "list")."""
+    found = _api_method(method)
+    assert found is not None, method
+    api, method = found
+    prefix, verb = next((p, v) for p, v in VERBS if method.startswith(p + "_"))
+    rest = method[len(prefix) + 1 :]
+    rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
+    sub = ""
+    match = re.fullmatch(r"(.+?)_(status|binding|eviction|log|ephemeralcontainers)", rest)
+    if match:
+        rest, sub = match.group(1), "/" + match.group(2)
+    plural = PLURALS.get(rest, rest.replace("_", "") + "s")
+    return GROUPS[api], plural + sub, verb
+
+
+def calls_in_source() -> dict[Grant, list[str]]:
+    """Every API grant the driver's code needs -> where it is needed."""
+    found: dict[Grant, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] in NOT_THE_DRIVER:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _api_method(node.attr):
+                where = f"{rel}:{node.lineno}"
+                found.setdefault(grant_of(node.attr), []).append(where)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "watch_once"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Attribute)
+            ):
+                group, resource, _ = grant_of(node.args[1].attr)
+                found.setdefault((group, resource, "watch"), []).append(f"{rel}:{node.lineno}")
+    return found
+
+
+def granted() -> set[Grant]:
+    role = by_kind(kustomize(DEPLOY / "base"), "ClusterRole")
+    out: set[Grant] = set()
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "nonResourceURLs" not in rule, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_grant_names_map_like_the_api_server_does() -> None:
+    assert grant_of("read_node") == ("", "nodes", "get")
+    assert grant_of("list_resource_slice") == ("resource.k8s.io", "resourceslices", "list")
+    assert grant_of("replace_resource_slice") == ("resource.k8s.io", "resourceslices", "update")
+    assert grant_of("read_namespaced_resource_claim") == (
+        "resource.k8s.io",
+        "resourceclaims",
+        "get",
+    )
+    assert grant_of("patch_namespaced_resource_claim_status") == (
+        "resource.k8s.io",
+        "resourceclaims/status",
+        "patch",
+    )
+    assert grant_of("list_pod_for_all_namespaces") == ("", "pods", "list")
+    assert grant_of("delete_collection_resource_slice") == (
+        "resource.k8s.io",
+        "resourceslices",
+        "deletecollection",
+    )
+
+
+def test_the_scan_finds_the_calls_the_driver_is_known_to_make() -> None:
+    used = calls_in_source()
+    # If these disappear, the scan is broken (the code certainly makes these calls).
+    for grant in [
+        ("", "nodes", "get"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "resourceslices", "create"),
+    ]:
+        assert grant in used, grant
+
+
+def test_every_call_the_code_makes_is_granted() -> None:
+    missing = {g: where for g, where in calls_in_source().items() if g not in granted()}
+    assert missing == {}, f"the ClusterRole lacks grants the code needs: {missing}"
+
+
+def test_the_role_grants_nothing_beyond_the_code_and_the_listed_upstream_extras() -> None:
+    used = set(calls_in_source())
+    extra = granted() - used
+    assert extra == UNUSED_UPSTREAM_GRANTS, (
+        f"unused grants changed: new {sorted(extra - UNUSED_UPSTREAM_GRANTS)}, "
+        f"now used or removed {sorted(UNUSED_UPSTREAM_GRANTS - extra)}"
+    )
