@@ -628,6 +628,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.code
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:
+        # Ctrl-C inside a Trio nursery arrives wrapped in a group.
+        rest = group.subgroup(lambda e: not isinstance(e, KeyboardInterrupt))
+        if rest is None:
+            return 130
+        raise
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 1
 

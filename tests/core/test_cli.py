@@ -313,3 +313,20 @@ def test_run_takes_the_root_flags(
     assert "\tgroupBy: machine" in err.splitlines()
     code, _, err = run(capsys, "run", "extra")
     assert err == "dracpu: run does not accept positional arguments: extra\n"
+
+
+def test_ctrl_c_inside_a_nursery_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dracpu.cli as cli
+
+    def interrupted(argv: object) -> int:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli, "run", interrupted)
+    assert main(["version"]) == 130
+
+    def failed(argv: object) -> int:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt(), ValueError("boom")])
+
+    monkeypatch.setattr(cli, "run", failed)
+    with pytest.raises(BaseExceptionGroup):
+        main(["version"])

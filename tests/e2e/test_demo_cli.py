@@ -8,8 +8,10 @@ the runtime's cgroup tree.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,44 @@ def test_demo_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
         f"dracpu: {bad}: document 1 (Deployment d): unsupported apiVersion/kind "
         "apps/v1/Deployment; a scenario holds v1 Pods and resource.k8s.io/v1 ResourceClaims\n"
     )
+
+
+def test_keep_running_serves_until_interrupted() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dracpu",
+            "demo",
+            "--sysfs-root",
+            str(FIXTURES / "xeon-2s-ht"),
+            "--keep-running",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("  sockets:"):
+                break
+        text = "".join(lines)
+        assert "Running until Ctrl-C. Work directory /tmp/dracpu-demo-" in text
+        workdir = text.split("Work directory ", 1)[1].split("\n", 1)[0]
+        debug_url = text.split("  debug state:    ", 1)[1].split("/debug/state", 1)[0]
+        pid = int(text.split("dracpu run (pid ", 1)[1].split(")", 1)[0])
+        state = json.loads(urllib.request.urlopen(debug_url + "/debug/state", timeout=10).read())
+        assert set(state["ready"].values()) == {True}
+        assert Path(workdir, "kubelet", "plugins_registry", "dra.cpu-reg.sock").exists()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stdout.read() == "Stopping the daemon and the simulated node.\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The daemon stopped with the demo and the work directory is gone.
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert not Path(workdir).exists()

@@ -12,8 +12,8 @@ print them with the CPU map.
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -315,11 +315,13 @@ async def run_demo(opts: DemoOptions, out: TextIO) -> DemoResult:
                     f"{node.nri_socket}\n"
                 )
                 out.flush()
-                await trio.sleep_forever()
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        break
+                out.write("Stopping the daemon and the simulated node.\n")
             nursery.cancel_scope.cancel()
         return result
     finally:
-        if not opts.keep_running and opts.workdir is None:
+        # Everything that used the directory has stopped by now (Ctrl-C included).
+        if opts.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-        elif not os.path.isdir(workdir):
-            pass
