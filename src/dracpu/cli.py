@@ -630,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BaseExceptionGroup as group:
         # Ctrl-C inside a Trio nursery arrives wrapped in a group.
-        rest = group.subgroup(lambda e: not isinstance(e, KeyboardInterrupt))
+        _, rest = group.split(KeyboardInterrupt)
         if rest is None:
             return 130
         raise
