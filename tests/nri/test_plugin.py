@@ -395,3 +395,32 @@ def test_intents_cover_every_container() -> None:
     ]
     node.store.release("A")  # claim holder whose claim is gone follows the pool
     assert [i.cpus for i in node.plugin.intents()] == ["0-7", "0-7"]
+
+
+def test_on_forget_hears_of_every_dropped_container_once() -> None:
+    gone: list[tuple[str, str]] = []
+    node = Node(on_forget=lambda r: gone.append((r.container_id, r.cgroups_path)))
+    node.prepare("A", "0-1")
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
+    node.plugin.create_container(pod("p2"), ctr("p2", "web", "s1"))
+    # The same id again replaces nothing; a new id of the same name replaces g1.
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
+    assert gone == []
+    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
+    assert gone == [("g1", "/kubepods/podp1/g1")]
+    # Stale events for g1 drop nothing more; stop then remove of s1 is one drop.
+    node.plugin.stop_container(pod("p1"), ctr("p1", "app", "g1"))
+    node.plugin.remove_container(pod("p1"), ctr("p1", "app", "g1"))
+    node.plugin.stop_container(pod("p2"), ctr("p2", "web", "s1"))
+    node.plugin.remove_container(pod("p2"), ctr("p2", "web", "s1"))
+    assert gone == [("g1", "/kubepods/podp1/g1"), ("s1", "/kubepods/podp2/s1")]
+
+
+def test_on_forget_after_synchronize_drops_only_vanished_containers() -> None:
+    gone: list[str] = []
+    node = Node(on_forget=lambda r: gone.append(r.container_id))
+    node.plugin.create_container(pod("p1"), ctr("p1", "a", "c1"))
+    node.plugin.create_container(pod("p2"), ctr("p2", "b", "c2"))
+    node.plugin.synchronize([pod("p2")], [ctr("p2", "b", "c2")])
+    assert gone == ["c1"]
+    assert [r.container_id for r in node.containers] == ["c2"]

@@ -338,11 +338,14 @@ class Daemon:
             node_name=self.node_name, devices=[d.name for d in inventory.devices]
         )
         self.kubelet = KubeletPlugin(cfg.kubeletRootDir, dra, health, grace_period=GRPC_GRACE)
+        self.writer = CgroupWriter(cfg.cgroupRoot, metrics=self.metrics)
+        writer = self.writer
         self.plugin = NRIPlugin(
             store=state.store,
             tracker=state.tracker,
             containers=state.containers,
             claim_cpus_from_cdi=lambda: cdi.read_claim_specs(cfg.cdiDir).claims,
+            on_forget=lambda record: writer.forget(record.cgroups_path),
         )
         self.session = NRISession(
             cfg.nriSocket,
@@ -350,7 +353,6 @@ class Daemon:
             failed_updates=self._failed_send,
             metrics=self.metrics,
         )
-        self.writer = CgroupWriter(cfg.cgroupRoot, metrics=self.metrics)
         plugin = self.plugin
         self.watcher = DriftWatcher(
             self.writer,
@@ -359,7 +361,6 @@ class Daemon:
             interval=self.drift_interval,
             metrics=self.metrics,
         )
-        writer = self.writer
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(sup.start, Service(name="kubelet", run=self.kubelet.run)))

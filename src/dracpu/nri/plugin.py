@@ -124,7 +124,11 @@ class NRIPlugin:
         claim_cpus_from_cdi: Callable[[], Mapping[str, CPUSet]],
         align_memory: bool = False,
         mems_of: Callable[[CPUSet], str] | None = None,
+        on_forget: Callable[[ContainerRecord], None] | None = None,
     ) -> None:
+        """``on_forget`` hears of every container record dropped (stopped, removed, or
+        replaced by a new container of the same name), so per-container caches elsewhere
+        (the cgroup writer's paths) do not outlive the container."""
         if align_memory and mems_of is None:
             raise ValueError("align_memory needs mems_of to map CPUs to NUMA nodes")
         self._store = store
@@ -132,6 +136,11 @@ class NRIPlugin:
         self._containers = containers
         self._claim_cpus_from_cdi = claim_cpus_from_cdi
         self._mems_of = mems_of if align_memory else None
+        self._on_forget = on_forget
+
+    def _forgotten(self, record: ContainerRecord | None) -> None:
+        if record is not None and self._on_forget is not None:
+            self._on_forget(record)
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -209,6 +218,11 @@ class NRIPlugin:
             )
         return out
 
+    def _replaced(self, old: ContainerRecord | None, container_id: str) -> None:
+        # A create repeated for the same container id replaces nothing that goes away.
+        if old is not None and old.container_id != container_id:
+            self._forgotten(old)
+
     # -- events -----------------------------------------------------------------------------
     def create_container(
         self, pod: api_pb2.PodSandbox, container: api_pb2.Container
@@ -228,13 +242,16 @@ class NRIPlugin:
             pool = self._store.shared_pool
             if not pool:
                 raise NRIPluginError(EMPTY_SHARED_POOL)
-            self._containers.set(
-                ContainerRecord(
-                    pod_uid=pod.uid,
-                    name=container.name,
-                    container_id=container.id,
-                    cgroups_path=cgroups_path,
-                )
+            self._replaced(
+                self._containers.set(
+                    ContainerRecord(
+                        pod_uid=pod.uid,
+                        name=container.name,
+                        container_id=container.id,
+                        cgroups_path=cgroups_path,
+                    )
+                ),
+                container.id,
             )
             return CreateDecision(cpus=pool)
 
@@ -251,14 +268,17 @@ class NRIPlugin:
         guaranteed = CPUSet()
         for cpus in claims.values():
             guaranteed |= cpus
-        self._containers.set(
-            ContainerRecord(
-                pod_uid=pod.uid,
-                name=container.name,
-                container_id=container.id,
-                claim_uids=claim_uids,
-                cgroups_path=cgroups_path,
-            )
+        self._replaced(
+            self._containers.set(
+                ContainerRecord(
+                    pod_uid=pod.uid,
+                    name=container.name,
+                    container_id=container.id,
+                    claim_uids=claim_uids,
+                    cgroups_path=cgroups_path,
+                )
+            ),
+            container.id,
         )
         updates = self._shared_updates(exclude=container.id) if newly_bound else []
         return CreateDecision(
@@ -281,6 +301,7 @@ class NRIPlugin:
                 "ignoring stale or unknown StopContainer event",
                 extra={"container_id": container.id, "pod_uid": pod.uid},
             )
+        self._forgotten(removed)
         return removed
 
     def remove_container(
@@ -300,6 +321,7 @@ class NRIPlugin:
                 container.id,
                 ",".join(removed.claim_uids),
             )
+        self._forgotten(removed)
         return removed
 
     def synchronize(
@@ -439,7 +461,10 @@ class NRIPlugin:
             by_owner.setdefault((owner.pod_uid, owner.container_name), []).append(uid)
         for (pod_uid, name), uids in by_owner.items():
             self._tracker.set_owner(pod_uid, name, uids)
+        kept = {r.container_id for r in records}
         for old in list(self._containers):
             self._containers.remove(old.pod_uid, old.name, old.container_id)
+            if old.container_id not in kept:
+                self._forgotten(old)
         for record in records:
             self._containers.set(record)
