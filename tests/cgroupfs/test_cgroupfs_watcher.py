@@ -370,10 +370,11 @@ async def test_change_during_a_check_triggers_another(tmp_path: Path) -> None:
     calls = 0
 
     def pool() -> str:
-        # Called after the known containers were read: a change now is news for later.
+        # Called twice a check, both after the known containers were read: a change in
+        # the second check (the poked one) is news for a third.
         nonlocal calls
         calls += 1
-        if calls == 2:
+        if calls == 3:
             (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
         return tree.pool
 
@@ -393,3 +394,58 @@ async def test_change_during_a_check_triggers_another(tmp_path: Path) -> None:
         await trio.sleep(0.3)
         assert w.checks == 3
         nursery.cancel_scope.cancel()
+
+
+def test_container_created_during_the_walk_is_not_confined(tmp_path: Path) -> None:
+    # The owner learns of a claim holder (CreateContainer) after the check took its
+    # intents, and the runtime creates its cgroup before the walk: it looks unknown, but
+    # the owner knows it by the time of writing, so it keeps its claim's CPUs.
+    tree = Tree(tmp_path, n=1)
+    holder = make_cgroup(tree.h, "kubepods/podnew/h1", cpus="0-1")
+    late = ContainerIntent(container_id="h1", cgroups_path="/kubepods/podnew/h1", cpus="0-1")
+    stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
+    snapshots = [list(tree.intents), [*tree.intents, late]]
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)),
+        lambda: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0],
+        lambda: tree.pool,
+    )
+    report = w.check_once()
+    assert report.unknown_found == 2 and report.unknown_confined == 1
+    assert read(holder / "cpuset.cpus") == "0-1"
+    assert read(stray / "cpuset.cpus") == "2-7"
+
+
+def test_drift_whose_intent_moved_on_is_left_to_the_next_check(tmp_path: Path) -> None:
+    # A prepare shrank the pool after the check read: the read cpuset is already the
+    # new one (pushed by UpdateContainers), and the old intent must not be written back.
+    tree = Tree(tmp_path, n=2)
+    old = list(tree.intents)
+    new = [msgspec.structs.replace(old[0], cpus="0"), old[1]]
+    (tree.leaf(0) / "cpuset.cpus").write_text("0\n")
+    (tree.leaf(1) / "cpuset.cpus").write_text("5\n")
+    snapshots = [old, new]
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)),
+        lambda: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0],
+        lambda: tree.pool,
+    )
+    report = w.check_once()
+    assert report.drifted == 2 and report.repaired == 1
+    assert read(tree.leaf(0) / "cpuset.cpus") == "0"
+    assert read(tree.leaf(1) / "cpuset.cpus") == "0-1"
+
+
+def test_pool_changed_during_the_check_confines_nothing_this_time(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1)
+    stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
+    pools = ["2-7", "3-7"]
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)),
+        lambda: tree.intents,
+        lambda: pools.pop(0) if len(pools) > 1 else pools[0],
+    )
+    assert w.check_once().unknown_confined == 0
+    assert read(stray / "cpuset.cpus") == "0-7"
+    assert w.check_once().unknown_confined == 1
+    assert read(stray / "cpuset.cpus") == "3-7"

@@ -10,6 +10,16 @@ runs on CPUs given exclusively to a claim.
 The comparisons are pure functions over what was read (:func:`find_drift`,
 :func:`is_container_dir`); the check itself is synchronous and the Trio loop around it
 is thin.
+
+A check reads first and writes last, and the state it read may have moved on in between
+(a container created, the shared pool changed by a prepare). So right before writing it
+asks the state owner again and writes only what is still true: a "drifted" container
+whose intent changed meanwhile is left for the next check (the change that moved the
+intent pokes one), and a cgroup that looked unknown but whose container the owner knows
+by now is not confined. Without that, a container created during the walk was confined
+to the shared pool although it holds a claim. When the check runs in a worker thread,
+the owner's callables run on the Trio thread (``trio.from_thread``): they iterate the
+owner's dicts, which only the Trio thread changes.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import logging
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import TypeVar
 
 import msgspec
 import trio
@@ -40,6 +52,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 # Errors kept in a report for /debug/state; the counts stay exact beyond this.
 _MAX_REPORTED_ERRORS = 20
@@ -111,8 +125,9 @@ class DriftWatcher:
     ``intents`` returns every container the state owner knows with its intended cpuset;
     ``shared_pool`` returns the current shared pool as a cpuset string; ``leave_alone``
     (optional) returns ids never to confine, such as the pod sandboxes the runtime reported
-    (dracpu never pins a sandbox). They are called once per check, from the thread the
-    check runs in, so they must only read.
+    (dracpu never pins a sandbox). They must only read; a check calls ``intents`` and
+    ``shared_pool`` twice (before reading and again before writing), on the Trio thread
+    when the check is offloaded to a worker thread.
     """
 
     def __init__(
@@ -152,8 +167,18 @@ class DriftWatcher:
         self._watched_dirs = 0
 
     # -- one check ----------------------------------------------------------------------
-    def check_once(self) -> DriftReport:
-        """Read, compare, repair: one full pass. Never raises for a bad container or tree."""
+    def _ask(self, fn: Callable[[], _T], from_thread: bool) -> _T:
+        return trio.from_thread.run_sync(fn) if from_thread else fn()
+
+    def _intent_map(self, from_thread: bool) -> dict[str, ContainerIntent]:
+        return {i.container_id: i for i in self._ask(lambda: list(self._intents()), from_thread)}
+
+    def check_once(self, *, from_thread: bool = False) -> DriftReport:
+        """Read, compare, repair: one full pass. Never raises for a bad container or tree.
+
+        ``from_thread``: the check runs in a Trio worker thread, so the owner's callables
+        are run on the Trio thread.
+        """
         try:
             self.writer.layout  # noqa: B018 - detect once, so a bad root is one clear error
         except CgroupPathError as exc:
@@ -162,7 +187,7 @@ class DriftWatcher:
         writer = self.writer
         errors: list[str] = []
         self._written_dirs = set()
-        intents = list(self._intents())
+        intents = list(self._intent_map(from_thread).values())
         known_dirs: set[str] = set()
         effective: dict[str, CPUSet] = {}
         by_id: list[ContainerIntent] = []
@@ -186,10 +211,24 @@ class DriftWatcher:
             by_id.append(intent)
 
         drifted = find_drift(by_id, effective)
-        repaired = self._repair(drifted, errors)
+        pool_text = self._ask(self._shared_pool, from_thread)
+        leave_alone = self._leave_alone
+        spared = (
+            set(self._ask(lambda: list(leave_alone()), from_thread))
+            if leave_alone is not None
+            else set()
+        )
+        unknown = self._find_unknown(known_dirs, errors, pool_text, spared)
 
-        unknown = self._find_unknown(known_dirs, errors)
-        confined = self._confine(unknown, errors)
+        # Ask again: only what is still true gets written (see the module docstring).
+        fresh = self._intent_map(from_thread)
+        still_drifted = [i for i in drifted if fresh.get(i.container_id) == i]
+        if self._ask(self._shared_pool, from_thread) != pool_text:
+            still_unknown = []  # the pool change pokes another check
+        else:
+            still_unknown = [u for u in unknown if u.container_id not in fresh]
+        repaired = self._repair(still_drifted, errors)
+        confined = self._confine(still_unknown, errors)
 
         if drifted:
             log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(by_id))
@@ -246,16 +285,16 @@ class DriftWatcher:
                 self.metrics.count_drift_repair("error")
         return repaired
 
-    def _find_unknown(self, known_dirs: set[str], errors: list[str]) -> list[ContainerIntent]:
+    def _find_unknown(
+        self, known_dirs: set[str], errors: list[str], pool_text: str, spared: set[str]
+    ) -> list[ContainerIntent]:
         """Container leaves nobody intends anything for whose cpus differ from the pool."""
-        pool_text = self._shared_pool()
         try:
             pool = CPUSet.parse(pool_text)
         except CPUSetParseError as exc:
             errors.append(f"shared pool: {exc}")
             return []
         hierarchy = self.writer.layout.hierarchy.rstrip("/")
-        spared = set(self._leave_alone()) if self._leave_alone is not None else set()
         leaves: list[str] = []
         scanned: list[str] = []
         for root in self.container_roots:
@@ -337,7 +376,7 @@ class DriftWatcher:
     async def _check(self) -> DriftReport:
         if self.offload:
             with trio.CancelScope(shield=True):
-                report = await trio.to_thread.run_sync(self.check_once)
+                report = await trio.to_thread.run_sync(partial(self.check_once, from_thread=True))
             return report
         return self.check_once()
 
