@@ -162,6 +162,15 @@ frame_bytes = st.one_of(
         st.binary(max_size=20),
     ),
     st.binary(min_size=1, max_size=30),  # garbage, often a bogus frame header
+    # A frame over the 16 KiB limit, and a good part of its body.
+    st.builds(
+        lambda length, kind, body: (
+            length.to_bytes(3, "big") + bytes([kind, 0]) + _u32(1) + b"\x00" * body
+        ),
+        st.integers(16385, 2**24 - 1),
+        st.sampled_from([DATA, HEADERS, SETTINGS, 0x42]),
+        st.integers(0, 40_000),
+    ),
     # A well-formed call, so that fuzzed frames around it meet a connection in use.
     st.builds(
         lambda sid, payload: (
@@ -194,6 +203,8 @@ def _drive(server: GRPCServerConnection, wire: bytes, cuts: list[int]) -> list[o
                 server.send_status(event.stream_id, Status.OK)
         prev = cut
         assert server.buffered_request_bytes <= MAX_BUFFER
+        # h2's own input buffer holds at most one incomplete frame (16 KiB max frame size).
+        assert len(server._h2.incoming_buffer._data) < 9 + 16384
         server.data_to_send()
     return events
 

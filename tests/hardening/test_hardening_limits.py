@@ -361,3 +361,72 @@ async def test_a_non_socket_at_the_socket_path_is_refused_and_kept(
     assert all(isinstance(e, ServerError) for e in _leaves(info.value))
     with open(victim) as f:
         assert f.read() == "not a socket"
+
+
+# -- the DRA socket keeps serving after hostile connections ----------------------------------
+
+HOSTILE = [
+    b"\x00" * 64,
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 200,
+]
+# Preface and SETTINGS, then the header of a 1 MiB frame whose body never comes.
+STALLED = (
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    + b"\x10\x00\x00\x01\x04\x00\x00\x00\x01"
+)
+
+
+async def _read_to_eof(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while chunk := await stream.receive_some():
+        data += chunk
+    return data
+
+
+async def test_garbage_connections_do_not_stop_the_dra_socket(
+    nursery: trio.Nursery, tmpdirs: Callable[[str], str]
+) -> None:
+    node = make_node(tmpdirs("cdi."))
+    async with serving(nursery, node.service) as (served, channel):
+        for garbage in HOSTILE:
+            stream = await trio.open_unix_socket(served.plugin.dra_socket)
+            await stream.send_all(garbage)
+            # The server sent its SETTINGS on accept; it closes once it reads the garbage.
+            # (The bound only turns a regression into a failure instead of a stuck run.)
+            with trio.fail_after(30):
+                reply = await _read_to_eof(stream)
+            assert reply[3] == 4  # the first frame is our SETTINGS
+            await stream.aclose()
+        # A connection stalled inside a frame (an oversized one: larger than the 16 KiB
+        # the server allows) is closed too; one that is merely slow stays open, as with
+        # grpc-go, and does not hold up anyone else.
+        stalled = await trio.open_unix_socket(served.plugin.dra_socket)
+        await stalled.send_all(STALLED)
+        with trio.fail_after(30):
+            await _read_to_eof(stalled)
+        await stalled.aclose()
+        slow = await trio.open_unix_socket(served.plugin.dra_socket)
+        await slow.send_all(STALLED[:30])
+        reply = await in_thread(partial(prepare_stub(channel), prepare_request("v1"), timeout=10))
+        assert dict(reply.claims) == {}
+        await slow.aclose()
+
+
+def test_oversized_frame_is_refused_from_its_header_not_after_buffering_it() -> None:
+    server, client = pair()
+    header = (2**24 - 1).to_bytes(3, "big") + bytes([0, 0]) + (1).to_bytes(4, "big")
+    events = server.receive_data(header + b"\x00" * 1000)
+    assert events == [ConnectionClosed(ErrorCodes.FRAME_SIZE_ERROR)]
+    assert server.closed
+    terminated = [
+        e
+        for e in client.receive_data(server.data_to_send())
+        if isinstance(e, h2.events.ConnectionTerminated)
+    ]
+    assert [(t.error_code, t.additional_data) for t in terminated] == [
+        (ErrorCodes.FRAME_SIZE_ERROR, b"frame of 16777215 bytes, max 16384")
+    ]
+    # Whatever follows is not read, let alone kept.
+    assert server.receive_data(b"\x00" * 100_000) == []

@@ -119,6 +119,46 @@ class _Stream:
         self.held = 0  # bytes counted against the connection's buffer budget
 
 
+class _FrameSizeGuard:
+    """Follows frame boundaries as bytes arrive, to refuse an oversized frame from its header.
+
+    h2 checks a frame's length only once the whole frame is buffered, so a header that
+    announces 16 MiB would make it hold 16 MiB first. Walking the 9-byte headers here costs
+    a few operations per frame and bounds h2's buffer by one frame of the allowed size.
+    """
+
+    __slots__ = ("_header", "_preface", "_skip", "max_frame_size")
+
+    def __init__(self, max_frame_size: int) -> None:
+        self.max_frame_size = max_frame_size
+        self._preface = 24  # the client preface; h2 itself checks its content
+        self._header = bytearray()
+        self._skip = 0
+
+    def oversized(self, data: bytes) -> int | None:
+        """The announced length of the first frame over the limit in ``data``, if any."""
+        i, n = 0, len(data)
+        if self._preface:
+            i = min(self._preface, n)
+            self._preface -= i
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            take = data[i : i + 9 - len(self._header)]
+            self._header += take
+            i += len(take)
+            if len(self._header) == 9:
+                length = int.from_bytes(self._header[:3], "big")
+                self._header.clear()
+                if length > self.max_frame_size:
+                    return length
+                self._skip = length
+        return None
+
+
 def _h2_config() -> h2.config.H2Configuration:
     # Header validation and normalisation cost about a quarter of the CPU of a call
     # (protocols.md 1.13); the few checks gRPC needs are done here instead.
@@ -173,6 +213,7 @@ class GRPCServerConnection:
         # The decoder enforces the limit from the first byte: a client may send headers
         # before it has seen our SETTINGS.
         self._h2.decoder.max_header_list_size = max_header_list_size
+        self._frames = _FrameSizeGuard(self._h2.max_inbound_frame_size)
         self._max_message_size = max_message_size
         self._max_buffer = max_connection_buffer
         self._buffered = 0
@@ -238,6 +279,13 @@ class GRPCServerConnection:
         """Feed bytes from the socket; always flush ``data_to_send`` afterwards."""
         if self.closed:
             return []
+        if (length := self._frames.oversized(data)) is not None:
+            self.closed = True
+            self._forget_all()
+            why = f"frame of {length} bytes, max {self._frames.max_frame_size}"
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.close_connection(ErrorCodes.FRAME_SIZE_ERROR, additional_data=why.encode())
+            return [ConnectionClosed(int(ErrorCodes.FRAME_SIZE_ERROR))]
         try:
             h2_events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
