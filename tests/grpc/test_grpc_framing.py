@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from grpclib.const import Status
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dracpu.grpc.errors import FramingError
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE, MessageDecoder, encode_message
+
+
+def examples(default: int) -> int:
+    """``FUZZ_EXAMPLES`` raises the example count for long runs; CI uses ``default``."""
+    raw = os.environ.get("FUZZ_EXAMPLES", "").strip()
+    return int(raw) if raw else default
 
 
 def test_encode_golden_bytes() -> None:
@@ -105,6 +113,7 @@ def test_roundtrip_any_chunking(payloads: list[bytes], data: st.DataObject) -> N
     assert out == payloads
 
 
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=6))
 def test_fuzz_arbitrary_bytes_only_framing_errors(chunks: list[bytes]) -> None:
     dec = MessageDecoder(max_size=32)

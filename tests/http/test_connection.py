@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dracpu.http import HTTPApp, HTTPLimits, ServerConnection, Step
+
+
+def examples(default: int) -> int:
+    """``FUZZ_EXAMPLES`` raises the example count for long runs; CI uses ``default``."""
+    raw = os.environ.get("FUZZ_EXAMPLES", "").strip()
+    return int(raw) if raw else default
 
 
 def make(limits: HTTPLimits | None = None) -> ServerConnection:
@@ -247,7 +255,7 @@ _PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     chunks=st.lists(st.one_of(_PIECES, st.binary(max_size=40)), max_size=12),
     eof=st.booleans(),

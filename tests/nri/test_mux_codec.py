@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +26,12 @@ REGISTER_PLUGIN_FRAME = bytes.fromhex(
     "1a14 0a0e 6578616d706c652d706c7567696e 1202 3130"
     "2080a8d6b907"
 )
+
+
+def examples(default: int) -> int:
+    """``FUZZ_EXAMPLES`` raises the example count for long runs; CI uses ``default``."""
+    raw = os.environ.get("FUZZ_EXAMPLES", "").strip()
+    return int(raw) if raw else default
 
 
 def test_register_plugin_golden_vector() -> None:
@@ -221,7 +229,7 @@ def test_eof_inside_a_frame_is_an_error() -> None:
     assert str(info.value) == "socket closed in the middle of a mux frame (11 bytes)"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=20))
 def test_fuzz_arbitrary_bytes(chunks: list[bytes]) -> None:
     mux = Multiplexer()
@@ -238,7 +246,7 @@ def test_fuzz_arbitrary_bytes(chunks: list[bytes]) -> None:
 frames = st.tuples(st.integers(0, 4), st.binary(max_size=40))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(frames, max_size=12), st.lists(st.integers(1, 30), min_size=1, max_size=10))
 def test_fuzz_well_formed_frames_survive_any_split(
     sent: list[tuple[int, bytes]], cuts: list[int]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +21,12 @@ from dracpu.nri.ttrpc import (
 )
 
 BOUND = HEADER_LENGTH + MAX_DATA_LENGTH
+
+
+def examples(default: int) -> int:
+    """``FUZZ_EXAMPLES`` raises the example count for long runs; CI uses ``default``."""
+    raw = os.environ.get("FUZZ_EXAMPLES", "").strip()
+    return int(raw) if raw else default
 
 
 def headers() -> st.SearchStrategy[bytes]:
@@ -42,7 +50,7 @@ def headers() -> st.SearchStrategy[bytes]:
 chunks = st.lists(st.one_of(st.binary(max_size=60), headers()), max_size=15)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(chunks)
 def test_server_fuzz(pieces: list[bytes]) -> None:
     server = TTRPCServerConnection()
@@ -58,7 +66,7 @@ def test_server_fuzz(pieces: list[bytes]) -> None:
         pass
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(chunks, st.integers(0, 6))
 def test_client_fuzz(pieces: list[bytes], calls: int) -> None:
     client = TTRPCClientConnection()
