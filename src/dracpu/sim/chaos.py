@@ -558,6 +558,7 @@ class ChaosResult:
     faults: Counter[str] = field(default_factory=Counter)
     pods_created: int = 0
     pods_deleted: int = 0
+    waited_for: list[str] = field(default_factory=list)
     # Faults that fired but found nothing to hit (no running container, no slice yet).
     missed: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
@@ -924,6 +925,7 @@ class ChaosRun:
         last_reasons: list[str] = []
         last_violations: list[Violation] | None = None
         while trio.current_time() < deadline:
+            last_violations = None
             last_reasons = await self._settle_reasons(baseline)
             if not last_reasons:
                 try:
@@ -934,6 +936,8 @@ class ChaosRun:
                     if not last_violations:
                         self.result.settled = True
                         break
+            # What the settling last waited for: a hint when settle_ms is long.
+            self.result.waited_for = last_reasons[:3] or [str(v) for v in last_violations or []][:3]
             await trio.sleep(0.25)
         self.result.settle_ms = round((trio.current_time() - stopped) * 1000)
         if self.result.settled:
@@ -1057,7 +1061,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"== mode {mode}, seed {args.seed}: {result.pods_created} pods created, "
             f"{result.pods_deleted} deleted, {time.monotonic() - started:.0f}s\n"
             f"   faults: {kinds}\n   missed (nothing to hit): {dict(result.missed)}\n"
-            f"   daemon log: {seen}"
+            f"   daemon log: {seen}\n"
+            f"   settling last waited for: {'; '.join(result.waited_for) or 'nothing'}"
         )
         if result.violations:
             print(f"   node files kept in {result.workdir}")
