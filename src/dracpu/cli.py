@@ -523,6 +523,10 @@ SUBCOMMAND_HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
 def _start_daemon(explicit: dict[str, object]) -> NoReturn:
     """`dracpu run`: resolve the configuration (behavior.md §3.3, §16), then run the daemon
     until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+    from dracpu.daemon import lean_kubernetes_import
+
+    lean_kubernetes_import()  # before anything below imports kubernetes
+
     import trio
 
     from dracpu.config import (
