@@ -236,3 +236,28 @@ def test_slices_must_equal_the_desired_ones() -> None:
 def test_slice_devices_follow_the_index_prefix() -> None:
     slices = [a_slice("00001-b", ["z"]), a_slice("00000-a", ["y", "x"])]
     assert [d["name"] for d in slice_devices(slices)] == ["y", "x", "z"]
+
+
+def with_tables(obs: Observation) -> Observation:
+    obs.daemon_intents = {"c1" * 16: "1-2", "c2" * 16: "3-7,12-15", "c3" * 16: "9-11"}
+    obs.runtime_containers = {"c1" * 16, "c2" * 16, "c3" * 16}
+    return obs
+
+
+def test_the_daemon_container_table_matches_the_runtime() -> None:
+    assert check_invariants(with_tables(consistent())) == []
+    obs = with_tables(consistent())
+    assert obs.daemon_intents is not None and obs.runtime_containers is not None
+    del obs.daemon_intents["c3" * 16]
+    obs.daemon_intents["c2" * 16] = "3-7"
+    obs.daemon_intents["gone" * 8] = "3-7,12-15"
+    assert check_invariants(obs) == [
+        Violation(
+            "intent-mismatch",
+            "container default/pa/sidecar (c2c2c2c2c2c2): the daemon intends 3-7, want 3-7,12-15",
+        ),
+        Violation(
+            "intent-missing", "container default/pb/app (c3c3c3c3c3c3): the daemon does not know it"
+        ),
+        Violation("intent-stale", "the daemon still tracks removed container gonegonegone"),
+    ]

@@ -10,6 +10,7 @@ from dracpu.sim.chaos import (
     PodPlan,
     Violation,
     claim_object,
+    describe_crash,
     format_result,
     main,
     make_plan,
@@ -115,3 +116,18 @@ def test_cli_rejects_a_bad_duration(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--mode", "sideways"])
     assert exc.value.code == 2
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+def test_a_crash_is_described_by_its_innermost_error_and_place() -> None:
+    def closed_channel() -> None:
+        raise ValueError("Cannot invoke RPC on closed channel!")
+
+    try:
+        try:
+            closed_channel()
+        except ValueError as inner:
+            raise ExceptionGroup("nursery", [ExceptionGroup("kubelet", [inner])]) from None
+    except ExceptionGroup as group:
+        text = describe_crash(group)
+    assert text.startswith("ValueError: Cannot invoke RPC on closed channel! at ")
+    assert text.endswith("test_plan.py:" + str(closed_channel.__code__.co_firstlineno + 1))

@@ -41,6 +41,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -325,6 +326,10 @@ class Observation:
     pods: list[PodView] = field(default_factory=list)
     published_slices: list[dict[str, Any]] = field(default_factory=list)
     desired_slices: list[dict[str, Any]] = field(default_factory=list)
+    # The daemon's container table (``/debug/state`` containers: id -> intended cpus) and
+    # the ids of every container the runtime has; None when not looked at.
+    daemon_intents: dict[str, str] | None = None
+    runtime_containers: set[str] | None = None
 
 
 def slice_devices(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -446,6 +451,16 @@ def _check_containers(obs: Observation, out: list[Violation]) -> None:
             want |= cpus
         if not env:
             want = obs.shared_pool
+        if obs.daemon_intents is not None:
+            intent = obs.daemon_intents.get(ctr.container_id)
+            if intent is None:
+                out.append(Violation("intent-missing", f"{where}: the daemon does not know it"))
+            elif intent != want.format():
+                out.append(
+                    Violation(
+                        "intent-mismatch", f"{where}: the daemon intends {intent}, want {want}"
+                    )
+                )
         if ctr.cgroup_cpus is None:
             out.append(Violation("cgroup-missing", f"{where}: no cgroup cpuset file"))
             continue
@@ -459,6 +474,16 @@ def _check_containers(obs: Observation, out: list[Violation]) -> None:
             out.append(
                 Violation("cpuset-mismatch", f"{where}: cgroup cpuset {got}, {what} is {want}")
             )
+
+
+def _check_container_table(obs: Observation, out: list[Violation]) -> None:
+    """The daemon forgets containers the runtime removed (else its table only grows)."""
+    if obs.daemon_intents is None or obs.runtime_containers is None:
+        return
+    for cid in sorted(set(obs.daemon_intents) - obs.runtime_containers):
+        out.append(
+            Violation("intent-stale", f"the daemon still tracks removed container {cid[:12]}")
+        )
 
 
 def _check_pods(obs: Observation, out: list[Violation]) -> None:
@@ -529,6 +554,7 @@ def check_invariants(obs: Observation) -> list[Violation]:
     _check_claims(obs, out)
     _check_stores(obs, out)
     _check_containers(obs, out)
+    _check_container_table(obs, out)
     _check_pods(obs, out)
     _check_slices(obs, out)
     return out
@@ -578,6 +604,9 @@ EVIDENCE = {
     "daemon_starts": "driver started",
     "fallback_writes": "fallback cpuset write container_id",
     "drift_repairs": "repaired cpuset drift",
+    # A crashed service is restarted by the supervisor: not a violation, but worth a look.
+    "service_crashes": "service crashed",
+    "tracebacks": "Traceback (most recent call last)",
 }
 
 
@@ -908,6 +937,8 @@ class ChaosRun:
             pods=self._pod_views(),
             published_slices=published,
             desired_slices=self.desired,
+            daemon_intents={str(c["id"]): str(c["cpus"]) for c in state.get("containers") or []},
+            runtime_containers={c.id for c in node.runtime.containers} if node.runtime else None,
         )
 
     async def _settle(self) -> None:
@@ -966,6 +997,16 @@ class ChaosRun:
         return self.result
 
 
+def describe_crash(exc: BaseException) -> str:
+    """The innermost error of a crash (through exception groups) and where it was raised."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/dracpu/" in f.filename] or frames
+    where = f" at {ours[-1].filename.rsplit('/src/', 1)[-1]}:{ours[-1].lineno}" if ours else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     """One seeded chaos run on a fresh simulated node; the work directory is removed after
     unless ``keep_workdir`` (or a violation, which keeps it for the post-mortem)."""
@@ -986,7 +1027,13 @@ async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     )
     chaos = ChaosRun(opts, plan, node)
     try:
-        result = await chaos.run()
+        try:
+            result = await chaos.run()
+        except Exception as exc:
+            # A part of the simulated node crashed (or the engine did): the run is void,
+            # and says where instead of ending in a traceback.
+            result = chaos.result
+            result.violations.append(Violation("run-aborted", describe_crash(exc)))
         try:
             log_text = Path(node.path("dracpu.log")).read_text(errors="replace")
         except OSError:
