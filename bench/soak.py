@@ -21,7 +21,10 @@ Prints:
 - ``rss_growth_mb``: the daemon's RSS at the end minus its RSS after the warm-up (the first
   ``--warmup`` share of the lifecycles); target < 5 MB;
 - ``prepare_p99_ms`` / ``create_container_p99_ms`` (and p50s) measured by the client
-  during the run: one ``NodePrepareResources`` round trip, one CreateContainer through NRI;
+  during the run: one ``NodePrepareResources`` round trip, one CreateContainer through NRI.
+  They include queueing: the daemon handles prepares and unprepares one at a time (each
+  writes the CDI spec and fsyncs the checkpoint), and the simulated runtime serializes its
+  NRI calls, so with ``--concurrency`` lifecycles in flight a call waits behind the others;
 - lifecycles/s, total time, the daemon's threads and open fds before and after, and what
   ``/debug/state`` still holds once everything was removed (claims, containers: both 0).
 
@@ -339,7 +342,10 @@ async def main() -> None:
     step = max(1, len(samples) // 10)
     curve = ", ".join(f"{done}:{rss:.1f}" for done, rss in samples[::step])
     print(f"rss_curve (lifecycles:MB): {curve}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    if results.errors:
+        print(f"workdir kept for the daemon's log: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run(argv: list[str] | None = None) -> Any:
