@@ -7,7 +7,9 @@ HTTP shell would turn into a dropped connection and a client retry storm.
 
 from __future__ import annotations
 
+import gc
 import json
+import types
 
 from fuzzing import bounded, fuzz_settings
 from hypothesis import given
@@ -279,3 +281,23 @@ def test_deeply_nested_body_is_a_bad_request() -> None:
     answer = handler.handle(Request("POST", "/api/v1/nodes", {}, b"[" * 100_000 + b"]" * 100_000))
     assert isinstance(answer, Response) and answer.status == 400
     assert "nested too deeply" in json.loads(answer.body)["message"]
+
+
+def test_error_answers_do_not_accumulate_memory() -> None:
+    """Found by atheris (out of memory): re-raising one module-level ApiError chained every
+    request's traceback, and with it the request's frames, onto that one object."""
+    handler = Handler(ObjectStore(), FaultInjector(), CallCounter())
+
+    def live_tracebacks() -> int:
+        gc.collect()
+        return sum(isinstance(o, types.TracebackType) for o in gc.get_objects())
+
+    handler.handle(Request("GET", "/nope", {}))
+    before = live_tracebacks()
+    for target in ["/nope", "/api/v1/nosuch", "/api/v1/nodes/a/b/c"] * 200:
+        answer = handler.handle(Request("GET", target, {}))
+        assert isinstance(answer, Response) and answer.status == 404
+    for _ in range(200):
+        answer = handler.handle(Request("POST", "/api/v1/nodes/n1", {}))
+        assert isinstance(answer, Response) and answer.status == 405
+    assert live_tracebacks() - before < 10

@@ -334,3 +334,18 @@ def test_client_behaviour_gets_answers_and_bounded_buffers(
     if well_formed and not shutdown_midway and not hostile:
         # Nothing hostile: every well-formed call is served.
         assert requests == len(well_formed)
+
+
+def test_request_arriving_with_the_clients_goaway_in_one_read() -> None:
+    """Found by atheris: h2 parses the whole read before events are handled, so the early
+    answer to a bad request met a connection already closed by the GOAWAY after it."""
+    server = small_server()
+    get = [(b":method", b"GET"), *GOOD[1:]]
+    wire = (
+        PREFACE
+        + raw_frame(SETTINGS, 0, 0, b"")
+        + raw_frame(HEADERS, END_HEADERS, 1, hpack.Encoder().encode(get))
+        + raw_frame(GOAWAY, 0, 0, _u32(1) + _u32(0))
+    )
+    assert server.receive_data(wire) == [ConnectionClosed(0)]
+    assert server.closed and server.active_streams == 0

@@ -296,7 +296,16 @@ class GRPCServerConnection:
             return [ConnectionClosed(int(code))]
         events: list[Event] = []
         for ev in h2_events:
-            self._handle(ev, events)
+            try:
+                self._handle(ev, events)
+            except h2.exceptions.ProtocolError:
+                # h2 parses the whole read before handing out events, so a request can
+                # arrive together with the frame that ended the connection (a client
+                # GOAWAY after its request): answering it is no longer possible. The
+                # ConnectionTerminated event that follows closes our side.
+                if self._h2.state_machine.state is not h2.connection.ConnectionState.CLOSED:
+                    raise
+                self._forget(getattr(ev, "stream_id", 0))
         if self._blocked and not self.closed:
             self._pump_blocked()
         return events

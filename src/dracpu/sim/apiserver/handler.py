@@ -82,10 +82,20 @@ class Route:
         return f"{plural}/{self.subresource}" if self.subresource else plural
 
 
-_NOT_FOUND = ApiError(404, "NotFound", "the server could not find the requested resource", {})
-_NOT_ALLOWED = ApiError(
-    405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {}
-)
+# Fresh instances on every raise: re-raising one module-level exception object grows its
+# __traceback__ chain with every request, keeping each request's frames alive.
+def _not_found() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+
+def _not_allowed() -> ApiError:
+    return ApiError(
+        405,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+        {},
+    )
+
 
 _COLLECTION_VERBS = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
 _ITEM_VERBS = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -98,36 +108,36 @@ def parse_route(method: str, path: str, watch: bool) -> Route:
     elif len(parts) >= 3 and parts[0] == "apis":
         group, version, rest = parts[1], parts[2], parts[3:]
     else:
-        raise _NOT_FOUND
+        raise _not_found()
     namespace: str | None = None
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
     if not rest or len(rest) > 3:
-        raise _NOT_FOUND
+        raise _not_found()
     resource = resource_by_path(group, version, rest[0])
     if resource is None or (namespace is not None and not resource.namespaced):
-        raise _NOT_FOUND
+        raise _not_found()
     name = rest[1] if len(rest) >= 2 else None
     subresource = rest[2] if len(rest) == 3 else None
     if subresource == "binding" and resource.plural == "pods":
         # The scheduler's path: POST a Binding, nothing else.
         if method != "POST":
-            raise _NOT_ALLOWED
+            raise _not_allowed()
         return Route("create", resource, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not resource.has_status):
-        raise _NOT_FOUND
+        raise _not_found()
     if name is None:
         verb = _COLLECTION_VERBS.get(method)
         if verb == "list" and watch:
             verb = "watch"
         if verb in ("create", "deletecollection") and resource.namespaced and namespace is None:
-            raise _NOT_ALLOWED
+            raise _not_allowed()
     else:
         verb = _ITEM_VERBS.get(method)
         if subresource is not None and verb == "delete":
-            raise _NOT_ALLOWED
+            raise _not_allowed()
     if verb is None:
-        raise _NOT_ALLOWED
+        raise _not_allowed()
     return Route(verb, resource, namespace, name, subresource)
 
 
@@ -206,7 +216,7 @@ class Handler:
         else:
             return None
         if doc is None:
-            raise _NOT_FOUND
+            raise _not_found()
         return doc
 
     def _dispatch(
