@@ -370,11 +370,11 @@ async def test_change_during_a_check_triggers_another(tmp_path: Path) -> None:
     calls = 0
 
     def pool() -> str:
-        # Called twice a check, both after the known containers were read: a change in
-        # the second check (the poked one) is news for a third.
+        # Called twice a check, before reading and before writing: a change at the second
+        # call of the second check (the poked one) is news for a third.
         nonlocal calls
         calls += 1
-        if calls == 3:
+        if calls == 4:
             (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
         return tree.pool
 
@@ -449,3 +449,23 @@ def test_pool_changed_during_the_check_confines_nothing_this_time(tmp_path: Path
     assert read(stray / "cpuset.cpus") == "0-7"
     assert w.check_once().unknown_confined == 1
     assert read(stray / "cpuset.cpus") == "3-7"
+
+
+def test_nothing_is_confined_until_the_owner_knows_every_container(tmp_path: Path) -> None:
+    # A daemon restarted under running pods knows none of them until the runtime's first
+    # Synchronize: a claim holder's cgroup must keep its CPUs meanwhile.
+    tree = Tree(tmp_path, n=1)
+    holder = make_cgroup(tree.h, "kubepods/podold/h1", cpus="0-1")
+    complete = False
+    w = DriftWatcher(
+        CgroupWriter(str(tree.root)),
+        lambda: tree.intents,
+        lambda: tree.pool,
+        confine_unknown=lambda: complete,
+    )
+    report = w.check_once()
+    assert report.unknown_found == 1 and report.unknown_confined == 0
+    assert read(holder / "cpuset.cpus") == "0-1"
+    complete = True
+    assert w.check_once().unknown_confined == 1
+    assert read(holder / "cpuset.cpus") == "2-7"

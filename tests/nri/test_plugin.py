@@ -424,3 +424,11 @@ def test_on_forget_after_synchronize_drops_only_vanished_containers() -> None:
     node.plugin.synchronize([pod("p2")], [ctr("p2", "b", "c2")])
     assert gone == ["c1"]
     assert [r.container_id for r in node.containers] == ["c2"]
+
+
+def test_has_synchronized_after_the_first_synchronize() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p1"), ctr("p1", "a", "c1"))
+    assert node.plugin.has_synchronized is False
+    node.plugin.synchronize([], [])
+    assert node.plugin.has_synchronized is True

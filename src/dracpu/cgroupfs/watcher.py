@@ -30,7 +30,6 @@ import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import TypeVar
 
 import msgspec
 import trio
@@ -52,8 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 # Errors kept in a report for /debug/state; the counts stay exact beyond this.
 _MAX_REPORTED_ERRORS = 20
@@ -119,15 +116,27 @@ def container_id_of(leaf_name: str) -> str:
     return leaf_name
 
 
+class _OwnerView(msgspec.Struct, frozen=True):
+    """What the state owner said at one instant."""
+
+    intents: dict[str, ContainerIntent]
+    pool: str
+    spared: frozenset[str]
+    complete: bool
+
+
 class DriftWatcher:
     """Periodic and event-driven drift checks over the containers dracpu knows about.
 
     ``intents`` returns every container the state owner knows with its intended cpuset;
     ``shared_pool`` returns the current shared pool as a cpuset string; ``leave_alone``
     (optional) returns ids never to confine, such as the pod sandboxes the runtime reported
-    (dracpu never pins a sandbox). They must only read; a check calls ``intents`` and
-    ``shared_pool`` twice (before reading and again before writing), on the Trio thread
-    when the check is offloaded to a worker thread.
+    (dracpu never pins a sandbox). ``confine_unknown`` (optional) says whether the owner's
+    list of containers is complete enough to call a cgroup unknown: until the runtime's
+    first Synchronize every container is unknown to a freshly started daemon, and
+    confining them would move claim holders onto the shared pool. They must only read; a
+    check calls ``intents`` and ``shared_pool`` twice (before reading and again before
+    writing), on the Trio thread when the check is offloaded to a worker thread.
     """
 
     def __init__(
@@ -143,6 +152,7 @@ class DriftWatcher:
         offload: bool = True,
         settle: float = 0.1,
         leave_alone: Callable[[], Iterable[str]] | None = None,
+        confine_unknown: Callable[[], bool] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"drift check interval must be positive, got {interval}")
@@ -156,6 +166,7 @@ class DriftWatcher:
         self.offload = offload
         self.settle = settle
         self._leave_alone = leave_alone
+        self._confine_unknown = confine_unknown
         self.last_report: DriftReport | None = None
         self.checks = 0
         self._scanned_dirs: list[str] = []
@@ -167,11 +178,18 @@ class DriftWatcher:
         self._watched_dirs = 0
 
     # -- one check ----------------------------------------------------------------------
-    def _ask(self, fn: Callable[[], _T], from_thread: bool) -> _T:
-        return trio.from_thread.run_sync(fn) if from_thread else fn()
+    def _view(self) -> _OwnerView:
+        leave_alone, complete = self._leave_alone, self._confine_unknown
+        return _OwnerView(
+            intents={i.container_id: i for i in self._intents()},
+            pool=self._shared_pool(),
+            spared=frozenset(leave_alone()) if leave_alone is not None else frozenset(),
+            complete=complete() if complete is not None else True,
+        )
 
-    def _intent_map(self, from_thread: bool) -> dict[str, ContainerIntent]:
-        return {i.container_id: i for i in self._ask(lambda: list(self._intents()), from_thread)}
+    def _ask_view(self, from_thread: bool) -> _OwnerView:
+        # One call, so intents, pool and completeness come from the same instant.
+        return trio.from_thread.run_sync(self._view) if from_thread else self._view()
 
     def check_once(self, *, from_thread: bool = False) -> DriftReport:
         """Read, compare, repair: one full pass. Never raises for a bad container or tree.
@@ -187,7 +205,8 @@ class DriftWatcher:
         writer = self.writer
         errors: list[str] = []
         self._written_dirs = set()
-        intents = list(self._intent_map(from_thread).values())
+        before = self._ask_view(from_thread)
+        intents = list(before.intents.values())
         known_dirs: set[str] = set()
         effective: dict[str, CPUSet] = {}
         by_id: list[ContainerIntent] = []
@@ -211,22 +230,15 @@ class DriftWatcher:
             by_id.append(intent)
 
         drifted = find_drift(by_id, effective)
-        pool_text = self._ask(self._shared_pool, from_thread)
-        leave_alone = self._leave_alone
-        spared = (
-            set(self._ask(lambda: list(leave_alone()), from_thread))
-            if leave_alone is not None
-            else set()
-        )
-        unknown = self._find_unknown(known_dirs, errors, pool_text, spared)
+        unknown = self._find_unknown(known_dirs, errors, before.pool, before.spared)
 
         # Ask again: only what is still true gets written (see the module docstring).
-        fresh = self._intent_map(from_thread)
-        still_drifted = [i for i in drifted if fresh.get(i.container_id) == i]
-        if self._ask(self._shared_pool, from_thread) != pool_text:
-            still_unknown = []  # the pool change pokes another check
+        now = self._ask_view(from_thread)
+        still_drifted = [i for i in drifted if now.intents.get(i.container_id) == i]
+        if now.complete and now.pool == before.pool:
+            still_unknown = [u for u in unknown if u.container_id not in now.intents]
         else:
-            still_unknown = [u for u in unknown if u.container_id not in fresh]
+            still_unknown = []  # not known yet what is a stranger, or the pool moved on
         repaired = self._repair(still_drifted, errors)
         confined = self._confine(still_unknown, errors)
 
@@ -286,7 +298,7 @@ class DriftWatcher:
         return repaired
 
     def _find_unknown(
-        self, known_dirs: set[str], errors: list[str], pool_text: str, spared: set[str]
+        self, known_dirs: set[str], errors: list[str], pool_text: str, spared: frozenset[str]
     ) -> list[ContainerIntent]:
         """Container leaves nobody intends anything for whose cpus differ from the pool."""
         try:

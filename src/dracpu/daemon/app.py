@@ -360,6 +360,7 @@ class Daemon:
             lambda: plugin.shared_pool.format(),
             interval=self.drift_interval,
             metrics=self.metrics,
+            confine_unknown=lambda: plugin.has_synchronized,
         )
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:

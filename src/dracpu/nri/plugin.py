@@ -137,6 +137,9 @@ class NRIPlugin:
         self._claim_cpus_from_cdi = claim_cpus_from_cdi
         self._mems_of = mems_of if align_memory else None
         self._on_forget = on_forget
+        # Until the runtime's first Synchronize this plugin knows none of the containers
+        # already running: the drift watcher must not take them for strangers.
+        self.has_synchronized = False
 
     def _forgotten(self, record: ContainerRecord | None) -> None:
         if record is not None and self._on_forget is not None:
@@ -468,3 +471,4 @@ class NRIPlugin:
                 self._forgotten(old)
         for record in records:
             self._containers.set(record)
+        self.has_synchronized = True
