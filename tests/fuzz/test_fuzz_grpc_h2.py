@@ -349,3 +349,21 @@ def test_request_arriving_with_the_clients_goaway_in_one_read() -> None:
     )
     assert server.receive_data(wire) == [ConnectionClosed(0)]
     assert server.closed and server.active_streams == 0
+
+
+def test_early_answer_on_a_stream_h2_has_already_forgotten() -> None:
+    """Found by atheris: HEADERS twice on one stream, then a higher stream, in one read;
+    h2 had closed and dropped the first stream by the time its 405 answer was sent, and
+    sending on it looked like opening a stream below the highest id."""
+    server = small_server()
+    headers = raw_frame(HEADERS, 0xC5, 0x7E32FF, b"")  # END_STREAM|END_HEADERS|PADDED|PRIORITY
+    wire = (
+        PREFACE
+        + headers
+        + headers
+        + raw_frame(HEADERS, 0xC5, 0x7E33FF, b"")
+        # The fuzzer's tail, kept as found: a frame header and part of its body.
+        + b"\x00\x00\x00\x32\x7e\x00\xc5\x00\xff\x00\x00\x00\x00\x00\x00\x00\x00"
+    )
+    assert server.receive_data(wire) == []
+    assert not server.closed and server.active_streams == 0

@@ -430,3 +430,26 @@ def test_oversized_frame_is_refused_from_its_header_not_after_buffering_it() -> 
     ]
     # Whatever follows is not read, let alone kept.
     assert server.receive_data(b"\x00" * 100_000) == []
+
+
+async def test_a_bug_on_one_connection_closes_only_that_connection(
+    nursery: trio.Nursery, tmpdirs: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(tmpdirs("cdi."))
+    real = GRPCServerConnection.receive_data
+
+    def poisoned(self: GRPCServerConnection, data: bytes) -> list[object]:
+        if b"poison" in data:
+            raise RuntimeError("simulated bug in the protocol core")
+        return real(self, data)  # type: ignore[return-value]
+
+    monkeypatch.setattr(GRPCServerConnection, "receive_data", poisoned)
+    async with serving(nursery, node.service) as (served, channel):
+        stream = await trio.open_unix_socket(served.plugin.dra_socket)
+        await stream.send_all(b"poison")
+        with trio.fail_after(30):
+            await _read_to_eof(stream)  # that connection is closed...
+        await stream.aclose()
+        # ... and the socket still serves everyone else.
+        reply = await in_thread(partial(prepare_stub(channel), prepare_request("v1"), timeout=10))
+        assert dict(reply.claims) == {}

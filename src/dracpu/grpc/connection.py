@@ -35,6 +35,9 @@ from dracpu.grpc.status import RESPONSE_HEADERS, http_error, status_trailers, tr
 from dracpu.grpc.timeout import parse_grpc_timeout
 
 Metadata = tuple[tuple[str, str | bytes], ...]
+# What h2 raises when asked to send on a stream it has already closed and forgotten (closed
+# streams leave its table; sending on one then looks like opening a new, too-low id).
+_STREAM_GONE = (h2.exceptions.StreamClosedError, h2.exceptions.StreamIDTooLowError)
 
 # Request headers with a protocol meaning; everything else is custom metadata.
 _RESERVED = frozenset(
@@ -353,7 +356,7 @@ class GRPCServerConnection:
     def _on_headers(self, ev: h2.events.RequestReceived) -> None:
         try:
             self._accept_headers(ev)
-        except h2.exceptions.StreamClosedError:
+        except _STREAM_GONE:
             # Later frames of the same read already closed the stream (the client's
             # END_STREAM crossed our early answer, or it reset the stream): nothing to send.
             self._forget(ev.stream_id)
@@ -526,6 +529,6 @@ class GRPCServerConnection:
                     # Answered before the request ended: release the stream (1.4).
                     h2conn.reset_stream(sid, ErrorCodes.NO_ERROR)
                 self._forget(sid)
-        except h2.exceptions.StreamClosedError:
+        except _STREAM_GONE:
             # The stream closed under us (a reset already processed by h2).
             self._forget(sid)

@@ -381,5 +381,9 @@ async def _accept_loop(
 async def _run_connection(conn: _Connection, connections: set[_Connection]) -> None:
     try:
         await conn.run()
+    except Exception:
+        # A bug met on one connection closes that connection (conn.run closed the socket),
+        # not the listener and every other caller with it.
+        log.exception("gRPC connection failed; closed it")
     finally:
         connections.discard(conn)
