@@ -51,7 +51,7 @@ from dracpu.grpc.errors import ServerError
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE, encode_message
 from dracpu.http import HTTPApp
 from dracpu.http.address import parse_bind_address
-from dracpu.http.connection import HTTPLimits
+from dracpu.http.connection import HTTPLimits, ServerConnection
 from dracpu.http.server import serve_http
 from dracpu.kubelet import HealthService, KubeletPlugin
 from dracpu.kubelet.dra import MAX_CLAIMS_PER_CALL
@@ -453,3 +453,29 @@ async def test_a_bug_on_one_connection_closes_only_that_connection(
         # ... and the socket still serves everyone else.
         reply = await in_thread(partial(prepare_stub(channel), prepare_request("v1"), timeout=10))
         assert dict(reply.claims) == {}
+
+
+async def test_a_bug_on_one_http_connection_closes_only_that_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = ServerConnection.receive_data
+
+    def poisoned(self: ServerConnection, data: bytes) -> None:
+        if b"poison" in data:
+            raise RuntimeError("simulated bug in the HTTP core")
+        real(self, data)
+
+    monkeypatch.setattr(ServerConnection, "receive_data", poisoned)
+    app = HTTPApp(debug_state=lambda: {})
+    app.mark_started()
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(serve_http, "127.0.0.1", 0, app)
+        bad = await trio.open_tcp_stream("127.0.0.1", bound)
+        await bad.send_all(b"poison")
+        with trio.fail_after(30):
+            assert await _read_to_eof(bad) == b""
+        good = await trio.open_tcp_stream("127.0.0.1", bound)
+        await good.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        with trio.fail_after(30):
+            assert (await _read_to_eof(good)).startswith(b"HTTP/1.1 200 ")
+        nursery.cancel_scope.cancel()

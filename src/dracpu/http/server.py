@@ -105,6 +105,10 @@ class HTTPServer:
             await self._run(conn, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away
+        except Exception as exc:
+            # The port is reachable from the network: a bug met on one connection closes
+            # that connection, never the listener (and the probes with it).
+            log.error("HTTP connection failed; closed it", err=exc, stack=True)
         finally:
             self._connections.discard(conn)
             await trio.aclose_forcefully(stream)
