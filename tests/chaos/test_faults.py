@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import trio
 
+from dracpu import cdi
 from dracpu.cpuset import CPUSet
 from dracpu.sim.chaos import (
     API_409_TARGETS,
@@ -16,6 +20,8 @@ from dracpu.sim.chaos import (
     ChaosOptions,
     ChaosRun,
     PodPlan,
+    _desired_slices,
+    check_invariants,
     make_plan,
 )
 from dracpu.sim.node import SimNode
@@ -37,8 +43,15 @@ def a_slice(name: str) -> dict[str, object]:
     }
 
 
-async def test_each_fault_hits_its_target() -> None:
-    workdir = tempfile.mkdtemp(prefix="drf", dir="/tmp")
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    """A short directory under /tmp (unix socket paths stay short), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="drf", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_each_fault_hits_its_target(workdir: str) -> None:
     node = SimNode(workdir=workdir, node_cpus="0-79", node_mems="0-1")
     opts = ChaosOptions(seed=1, duration=5.0, sysfs_root=XEON)
     chaos = ChaosRun(opts, make_plan(1, 5.0), node)
@@ -122,4 +135,34 @@ async def test_each_fault_hits_its_target() -> None:
             while node.api.list("pods"):
                 await trio.sleep(0.05)
         assert chaos.result.pods_created == 1 and chaos.result.pods_deleted == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_observation_reads_the_real_stores(workdir: str) -> None:
+    """A negative control: damage the daemon's files behind its back and the checker,
+    reading the real node, says so (the seeded runs show it quiet on a healthy node)."""
+    node = SimNode(workdir=workdir, node_cpus="0-79", node_mems="0-1")
+    opts = ChaosOptions(seed=1, duration=5.0, sysfs_root=XEON)
+    chaos = ChaosRun(opts, make_plan(1, 5.0), node)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        node_uid = node.api.get("nodes", node.node_name)["metadata"]["uid"]
+        chaos.desired = _desired_slices(opts, node_uid, node.node_name)
+        await node.start_daemon(sysfs_root=XEON, extra_args=chaos.extra_args)
+        chaos._create_pod(PodPlan("p0000", claim_cpus=4, sidecar=True))
+        chaos._create_pod(PodPlan("p0001"))
+        with trio.fail_after(30):
+            while await chaos._settle_reasons((-1, 0)) or check_invariants(await chaos.observe()):
+                await trio.sleep(0.1)
+        obs = await chaos.observe()
+        assert len(obs.daemon_claims) == 1 and len(obs.containers) == 3
+        (uid,) = obs.daemon_claims
+
+        Path(cdi.claim_spec_path(node.cdi_dir, uid)).unlink()
+        Path(node.state_dir, "checkpoint.json").unlink()
+        violations = check_invariants(await chaos.observe())
+        assert [v.kind for v in violations] == ["checkpoint-unreadable", "cdi-mismatch"]
+        assert violations[1].detail == (
+            f"CDI specs vs daemon: {uid}: absent vs {obs.daemon_claims[uid]}"
+        )
         nursery.cancel_scope.cancel()
