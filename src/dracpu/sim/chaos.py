@@ -13,7 +13,8 @@ done since the last fault. The invariants (:func:`check_invariants`) must then h
 
 - no CPU in two claims, no reserved CPU in a claim, the shared pool is everything else;
 - every running container's cgroup cpuset is what it should be: its claims' CPUs (from its
-  ``DRA_CPUSET_*`` env) for a claim holder, the shared pool for the others;
+  ``DRA_CPUSET_*`` env) for a claim holder, the shared pool for the others; the daemon's
+  container table intends the same, and holds no container the runtime removed;
 - the claims the daemon holds, its checkpoint and its CDI specs say the same, and the
   kubelet has exactly those claims prepared (no claim leaked, none lost);
 - the published ResourceSlices carry exactly the devices built from the same topology;
