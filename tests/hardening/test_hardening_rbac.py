@@ -34,23 +34,9 @@ PLURALS = {"device_class": "deviceclasses"}
 
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
-# Granted for parity with upstream's chart (behavior.md §17.2) but never called by dracpu:
-# the Go kubelet-plugin helper reads device classes, writes claim device status and looks
-# pods up; dracpu does none of these. They should leave deploy/base/rbac.yaml (and the
-# §17.2 table its deploy test pins); until then they are listed here, so that any *new*
-# unused grant fails this test.
-UNUSED_UPSTREAM_GRANTS: frozenset[Grant] = frozenset(
-    {
-        ("resource.k8s.io", "deviceclasses", "get"),
-        ("resource.k8s.io", "resourceclaims/status", "patch"),
-        ("resource.k8s.io", "resourceclaims/status", "update"),
-        ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
-        ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
-        ("", "pods", "get"),
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-    }
-)
+# Upstream's chart (behavior.md §17.2) also grants what its Go kubelet-plugin helper uses
+# (device classes, claim device status, pods); dracpu calls none of these, so its role
+# must not grant them: the role and the calls found in the source must be equal.
 
 
 def _api_method(name: str) -> tuple[type, str] | None:
@@ -156,10 +142,6 @@ def test_every_call_the_code_makes_is_granted() -> None:
     assert missing == {}, f"the ClusterRole lacks grants the code needs: {missing}"
 
 
-def test_the_role_grants_nothing_beyond_the_code_and_the_listed_upstream_extras() -> None:
-    used = set(calls_in_source())
-    extra = granted() - used
-    assert extra == UNUSED_UPSTREAM_GRANTS, (
-        f"unused grants changed: new {sorted(extra - UNUSED_UPSTREAM_GRANTS)}, "
-        f"now used or removed {sorted(UNUSED_UPSTREAM_GRANTS - extra)}"
-    )
+def test_the_role_grants_nothing_beyond_what_the_code_calls() -> None:
+    extra = granted() - set(calls_in_source())
+    assert extra == set(), f"the ClusterRole grants calls the code never makes: {sorted(extra)}"
