@@ -47,6 +47,7 @@ from dracpu.k8s.claims import ClaimReadError
 from dracpu.kubelet._aio import Serializer, shielded
 from dracpu.kubelet.claims import ClaimSource
 from dracpu.kubelet.metadata import DeviceAttributes, remove_claim_metadata, write_claim_metadata
+from dracpu.logs import operation
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_grpc as v1_grpc
 from dracpu.proto.dra.v1 import api_pb2 as v1_pb
@@ -227,20 +228,21 @@ class DRAService:
         Raises ``ClaimReadError`` (the whole call fails, §7 step 1) when a claim cannot be
         read, is not allocated, or was replaced; nothing is changed then.
         """
-        allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
-        results: dict[str, ClaimPrepareResult] = {}
-        async with self._serial.lock():
-            changed = False
-            for ref, claim in zip(claims, allocations, strict=True):
-                started = time.perf_counter()
-                result, new = await self._prepare_claim(claim)
-                self.metrics.prepare_duration.observe(time.perf_counter() - started)
-                self.metrics.count_prepare("error" if result.error else "success")
-                results[ref.uid] = result
-                changed |= new
-            if changed:
-                self._changed()
-        return results
+        with operation("preparing resource claims", v=4, claims=len(claims)):
+            allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
+            results: dict[str, ClaimPrepareResult] = {}
+            async with self._serial.lock():
+                changed = False
+                for ref, claim in zip(claims, allocations, strict=True):
+                    started = time.perf_counter()
+                    result, new = await self._prepare_claim(claim)
+                    self.metrics.prepare_duration.observe(time.perf_counter() - started)
+                    self.metrics.count_prepare("error" if result.error else "success")
+                    results[ref.uid] = result
+                    changed |= new
+                if changed:
+                    self._changed()
+            return results
 
     async def _prepare_claim(self, claim: ClaimAllocation) -> tuple[ClaimPrepareResult, bool]:
         """One claim; returns its result and whether the store changed."""
@@ -324,18 +326,19 @@ class DRAService:
     # -- unprepare ----------------------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimUnprepareResult]:
         """Unprepare every claim (§11); unknown claims succeed."""
-        results: dict[str, ClaimUnprepareResult] = {}
-        async with self._serial.lock():
-            changed = False
-            for ref in claims:
-                with shielded():
-                    error, released = await self._unprepare_claim(ref)
-                self.metrics.count_unprepare("error" if error else "success")
-                results[ref.uid] = ClaimUnprepareResult(error=error)
-                changed |= released
-            if changed:
-                self._changed()
-        return results
+        with operation("unpreparing resource claims", v=4, claims=len(claims)):
+            results: dict[str, ClaimUnprepareResult] = {}
+            async with self._serial.lock():
+                changed = False
+                for ref in claims:
+                    with shielded():
+                        error, released = await self._unprepare_claim(ref)
+                    self.metrics.count_unprepare("error" if error else "success")
+                    results[ref.uid] = ClaimUnprepareResult(error=error)
+                    changed |= released
+                if changed:
+                    self._changed()
+            return results
 
     async def _unprepare_claim(self, ref: ClaimRef) -> tuple[str, bool]:
         record = self.store.get(ref.uid)
