@@ -186,3 +186,17 @@ def test_container_state_removal_needs_the_runtime_id() -> None:
 def test_container_record_is_shared() -> None:
     assert ctr("p", "n", "c").is_shared is True
     assert ctr("p", "n", "c", "A").is_shared is False
+
+
+def test_container_state_knows_containers_by_runtime_id() -> None:
+    state = ContainerState()
+    state.set(ctr("p1", "s", "c1"))
+    state.set(ctr("p1", "g", "c2", "A"))
+    assert "c1" in state and "c2" in state and "c9" not in state
+    state.set(ctr("p1", "s", "c3"))  # replaces c1
+    assert "c1" not in state and "c3" in state
+    state.set(ctr("p1", "s", "c3"))  # the same container again stays known
+    assert "c3" in state
+    state.remove("p1", "g", "c2")
+    assert "c2" not in state
+    assert {r.container_id for r in state} == {"c3"}

@@ -432,3 +432,11 @@ def test_has_synchronized_after_the_first_synchronize() -> None:
     assert node.plugin.has_synchronized is False
     node.plugin.synchronize([], [])
     assert node.plugin.has_synchronized is True
+
+
+def test_knows_tracks_containers_until_stopped() -> None:
+    node = Node()
+    node.plugin.create_container(pod("p1"), ctr("p1", "a", "c1"))
+    assert node.plugin.knows("c1") and not node.plugin.knows("c2")
+    node.plugin.stop_container(pod("p1"), ctr("p1", "a", "c1"))
+    assert not node.plugin.knows("c1")

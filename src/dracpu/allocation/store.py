@@ -262,6 +262,7 @@ class ContainerState:
         self._pods: dict[str, dict[str, ContainerRecord]] = {}
         # Used as an ordered set: updates to shared containers go out in a stable order.
         self._shared: dict[str, None] = {}
+        self._ids: set[str] = set()
 
     def get(self, pod_uid: str, name: str) -> ContainerRecord | None:
         return self._pods.get(pod_uid, {}).get(name)
@@ -272,7 +273,9 @@ class ContainerState:
         old = containers.get(record.name)
         if old is not None:
             self._shared.pop(old.container_id, None)
+            self._ids.discard(old.container_id)
         containers[record.name] = record
+        self._ids.add(record.container_id)
         if record.is_shared:
             self._shared[record.container_id] = None
         return old
@@ -289,7 +292,12 @@ class ContainerState:
         if not containers:
             del self._pods[pod_uid]
         self._shared.pop(container_id, None)
+        self._ids.discard(container_id)
         return record
+
+    def __contains__(self, container_id: object) -> bool:
+        """Whether a container with this runtime id is known."""
+        return container_id in self._ids
 
     def shared_container_ids(self) -> list[str]:
         return list(self._shared)

@@ -150,6 +150,10 @@ class NRIPlugin:
     def shared_pool(self) -> CPUSet:
         return self._store.shared_pool
 
+    def knows(self, container_id: str) -> bool:
+        """Whether the container is one this plugin still tracks (not stopped or removed)."""
+        return container_id in self._containers
+
     def _mems(self, cpus: CPUSet) -> str:
         return self._mems_of(cpus) if self._mems_of is not None and cpus else ""
 

@@ -565,7 +565,8 @@ class NRISession:
 
         Call it from a task of its own, never while a runtime request is being handled.
         Every failed update (error status, listed in `failed`, timeout, session down) is
-        also sent to `failed_updates` as a `CpusetUpdateFailed`.
+        also sent to `failed_updates` as a `CpusetUpdateFailed`, except those of containers
+        the plugin stopped tracking meanwhile (stopped or removed: nothing to pin).
         """
         if not updates:
             return []
@@ -598,6 +599,16 @@ class NRISession:
                     failed_ids = {u.container_id for u in response.failed}
                     failed = [u for u in updates if u.container_id in failed_ids]
                     reason = "listed as failed by the runtime"
+        # A container stopped or removed while the update was on its way is no longer
+        # ours to pin: its failure is expected and nothing falls back to cgroupfs for it.
+        gone = [u for u in failed if not self._plugin.knows(u.container_id)]
+        if gone:
+            log.debug(
+                "cpuset update of %d container(s) gone meanwhile not retried: %s",
+                len(gone),
+                ",".join(u.container_id for u in gone),
+            )
+            failed = [u for u in failed if self._plugin.knows(u.container_id)]
         for update in failed:
             log.warning("cpuset update of container %s failed: %s", update.container_id, reason)
             if self._failed_updates is not None:
