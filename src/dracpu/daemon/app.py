@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-import msgspec
 import trio
 from prometheus_client import CollectorRegistry
 
@@ -39,7 +38,7 @@ from dracpu.http.app import HTTPApp
 from dracpu.http.server import serve_http
 from dracpu.introspect import topology_document
 from dracpu.k8s.client import K8sError, KubeClient
-from dracpu.k8s.nodes import NodeLookupError
+from dracpu.k8s.nodes import get_node_uid
 from dracpu.k8s.slices import SliceReconciler
 from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.kubelet.dra import DRAService
@@ -69,36 +68,6 @@ GRPC_GRACE = 4.0
 
 class DaemonError(Exception):
     """The daemon cannot start; the message says which step failed and why."""
-
-
-class _Meta(msgspec.Struct):
-    uid: str = ""
-
-
-class _Node(msgspec.Struct):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
-
-
-_node_decoder = msgspec.json.Decoder(_Node)
-
-
-async def read_node_uid(kube: KubeClient, name: str) -> str:
-    """The Node's ``metadata.uid`` (for the slices' owner reference), read as raw JSON.
-
-    Like ``k8s.nodes.get_node_uid`` but through ``KubeClient.get_raw``: the generated
-    ``CoreV1Api`` it uses costs the daemon ~0.4 s of start-up and ~20 MB for one GET.
-    """
-    try:
-        raw = await kube.get_raw("/api/v1/nodes/{name}", name=name)
-    except K8sError as exc:
-        raise type(exc)(f"get node {name}: {exc}", status=exc.status, reason=exc.reason) from exc
-    try:
-        uid = _node_decoder.decode(raw).metadata.uid
-    except msgspec.DecodeError as exc:
-        raise NodeLookupError(f"get node {name}: decode: {exc}") from exc
-    if not uid:
-        raise NodeLookupError(f"get node {name}: the node has no metadata.uid")
-    return uid
 
 
 class Daemon:
@@ -432,7 +401,7 @@ class Daemon:
         delay = 0.5
         while True:
             try:
-                node_uid = await read_node_uid(self.kube, self.node_name)
+                node_uid = await get_node_uid(self.kube, self.node_name)
                 break
             except K8sError as exc:
                 log.warning("cannot read the Node object yet", node=self.node_name, err=exc)

@@ -1,4 +1,4 @@
-"""The daemon's Node UID lookup (raw GET, no generated CoreV1Api) on the loopback API server."""
+"""The Node UID lookup (raw GET, no generated CoreV1Api) on the loopback API server."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from dracpu.daemon.app import read_node_uid
 from dracpu.k8s.client import KubeClient, NotFound, ServerError
+from dracpu.k8s.nodes import get_node_uid
 from dracpu.sim.apiserver import SimAPIServer
 
 
@@ -29,14 +29,14 @@ async def test_reads_the_uid_without_the_generated_core_api(
 ) -> None:
     server, kube = sim
     node = server.create("nodes", {"metadata": {"name": "node-a"}})
-    assert await read_node_uid(kube, "node-a") == node["metadata"]["uid"]
+    assert await get_node_uid(kube, "node-a") == node["metadata"]["uid"]
     assert kube._core is None
 
 
 async def test_missing_node_keeps_not_found(sim: tuple[SimAPIServer, KubeClient]) -> None:
     _, kube = sim
     with pytest.raises(NotFound) as info:
-        await read_node_uid(kube, "node-x")
+        await get_node_uid(kube, "node-x")
     assert str(info.value) == 'get node node-x: nodes "node-x" not found'
     assert info.value.status == 404
 
@@ -46,5 +46,5 @@ async def test_server_error_names_the_node(sim: tuple[SimAPIServer, KubeClient])
     server.create("nodes", {"metadata": {"name": "node-a"}})
     server.faults.inject("get", "nodes", 1, status=500)
     with pytest.raises(ServerError) as info:
-        await read_node_uid(kube, "node-a")
+        await get_node_uid(kube, "node-a")
     assert str(info.value) == "get node node-a: Internal error occurred: injected fault"
