@@ -65,6 +65,21 @@ def grant_of(method: str) -> Grant:
     return GROUPS[api], plural + sub, verb
 
 
+def grant_of_path(path: str) -> Grant:
+    """A ``KubeClient.get_raw`` path -> its grant: ``/api/v1/nodes/{name}`` ->
+    ("", "nodes", "get"); ``/apis/<group>/<version>/[namespaces/{ns}/]<plural>[/{name}[/sub]]``."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        assert parts[0] == "apis", path
+        group, rest = parts[1], parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + ("/" + rest[2] if len(rest) > 2 else "")
+    return group, resource, "get" if len(rest) > 1 else "list"
+
+
 def calls_in_source() -> dict[Grant, list[str]]:
     """Every API grant the driver's code needs -> where it is needed."""
     found: dict[Grant, list[str]] = {}
@@ -86,6 +101,16 @@ def calls_in_source() -> dict[Grant, list[str]]:
             ):
                 group, resource, _ = grant_of(node.args[1].attr)
                 found.setdefault((group, resource, "watch"), []).append(f"{rel}:{node.lineno}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get_raw"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                grant = grant_of_path(node.args[0].value)
+                found.setdefault(grant, []).append(f"{rel}:{node.lineno}")
     return found
 
 
@@ -122,6 +147,14 @@ def test_grant_names_map_like_the_api_server_does() -> None:
         "resourceslices",
         "deletecollection",
     )
+
+
+def test_raw_paths_map_like_the_api_server_does() -> None:
+    assert grant_of_path("/api/v1/nodes/{name}") == ("", "nodes", "get")
+    assert grant_of_path("/api/v1/namespaces/{ns}/pods") == ("", "pods", "list")
+    assert grant_of_path(
+        "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status"
+    ) == ("resource.k8s.io", "resourceclaims/status", "get")
 
 
 def test_the_scan_finds_the_calls_the_driver_is_known_to_make() -> None:

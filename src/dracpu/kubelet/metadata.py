@@ -13,7 +13,6 @@ Documents are built by pure functions; ``write_claim_metadata`` and
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -219,10 +218,16 @@ def remove_claim_metadata(
             log.warning("failed to remove device metadata %s: %s", claim_dir, exc)
     if not _uid_ok(uid):
         return
-    pattern = os.path.join(
-        glob.escape(cdi_dir), f"{DRIVER_NAME}_metadata_{glob.escape(uid)}_*.json"
-    )
-    for path in glob.glob(pattern):
+    # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
+    # per claim made the daemon's memory grow with every claim ever unprepared.
+    prefix = f"{DRIVER_NAME}_metadata_{uid}_"
+    try:
+        names = os.listdir(cdi_dir)
+    except OSError:
+        names = []
+    for path in (
+        os.path.join(cdi_dir, n) for n in names if n.startswith(prefix) and n.endswith(".json")
+    ):
         try:
             os.unlink(path)
         except FileNotFoundError:
