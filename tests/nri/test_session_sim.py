@@ -347,3 +347,41 @@ async def test_register_reply_after_synchronize(sock_dir: str, tmp_path: Path) -
         assert node.sim.cpuset_of(s1) == "4-7"
         s2 = await node.sim.create_container("p0", "s2")
         assert node.sim.cpuset_of(s2) == "4-7"
+
+
+async def test_each_hook_logs_under_one_operation_id(sock_dir: str, tmp_path: Path) -> None:
+    """behavior.md §16.1: Synchronize, CreateContainer, StopContainer and RemoveContainer
+    each log `begin: ...` and `end: ...` lines sharing one opID."""
+    import io
+    import json
+    import logging
+
+    from dracpu.logs import setup_logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    out = io.StringIO()
+    setup_logging("json", 2, out)
+    try:
+        async with sim_node(sock_dir, tmp_path / "cg") as node:
+            await node.sim.create_pod("p0", "shared")
+            c1 = await node.sim.create_container("p0", "app")
+            await node.sim.remove_container(c1)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    ops: dict[str, list[str]] = {}
+    for line in lines:
+        if "opID" in line:
+            ops.setdefault(line["opID"], []).append(line["msg"])
+    begins = {msgs[0] for msgs in ops.values() if msgs[0].startswith("begin: ")}
+    assert begins >= {
+        "begin: synchronize state with the runtime",
+        "begin: CreateContainer",
+        "begin: StopContainer",
+        "begin: RemoveContainer",
+    }
+    for msgs in ops.values():
+        if msgs[0].startswith("begin: "):
+            assert msgs[-1] == "end: " + msgs[0].removeprefix("begin: ")

@@ -35,6 +35,7 @@ import trio
 from google.protobuf.message import DecodeError, Message
 
 from dracpu.cpuset import CPUSet
+from dracpu.logs import operation
 from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.errors import FrameTooLarge, ProtocolError
@@ -91,6 +92,16 @@ _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 _IDX_RE: Final = re.compile(r"[0-9]{2}")
 _READ_SIZE: Final = 65536
 SLOW_HANDLER_SECONDS: Final = 0.5
+
+
+# behavior.md §16.1: the hooks whose lines share an operation id, with begin/end lines at
+# these verbosities; every other request still gets an id of its own.
+_OPERATIONS: dict[str, tuple[str, int]] = {
+    "Synchronize": ("synchronize state with the runtime", 0),
+    "CreateContainer": ("CreateContainer", 2),
+    "StopContainer": ("StopContainer", 2),
+    "RemoveContainer": ("RemoveContainer", 2),
+}
 
 
 class PeerClosed(Exception):
@@ -465,8 +476,10 @@ class NRISession:
                 result = unimplemented_method(request.method)
             else:
                 started = time.perf_counter()
+                message, v = _OPERATIONS.get(request.method, (None, 4))
                 try:
-                    result = handler(request.payload)
+                    with operation(message, v=v):
+                        result = handler(request.payload)
                 except DecodeError as exc:
                     result = Status(
                         StatusCode.INVALID_ARGUMENT,
