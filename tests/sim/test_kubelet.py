@@ -845,3 +845,19 @@ async def test_the_runtime_simulator_behind_the_adapter(
     finally:
         node.stop()
         node.api.close()
+
+
+def test_call_on_a_channel_closed_by_a_new_registration_is_a_call_error() -> None:
+    """A daemon restart closes the old channel while a prepare may wait for its thread:
+    that is a failed call (retried with backoff), not a crash of the kubelet."""
+    import grpc
+
+    from dracpu.sim.kubelet import dra as sim_dra
+
+    channel = grpc.insecure_channel("unix:/tmp/dracpu-closed-channel.sock")
+    channel.close()
+    with pytest.raises(sim_dra.DRACallError) as info:
+        sim_dra.unprepare(channel, "v1.DRAPlugin", [sim_dra.ClaimRef("default", "c", "u")])
+    assert str(info.value) == (
+        "NodeUnprepareResources failed: Cannot invoke RPC on closed channel!"
+    )

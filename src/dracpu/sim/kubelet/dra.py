@@ -63,13 +63,17 @@ def _call(
     channel: grpc.Channel, service: str, method: str, request: Any, response_type: Any
 ) -> Any:
     path, _ = _PACKAGES[service]
-    stub = channel.unary_unary(
-        f"/{path}/{method}",
-        request_serializer=type(request).SerializeToString,
-        response_deserializer=response_type.FromString,
-    )
     try:
+        stub = channel.unary_unary(
+            f"/{path}/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
         return stub(request, timeout=PREPARE_TIMEOUT)
+    except ValueError as exc:
+        # grpcio raises ValueError on a channel closed meanwhile: the plugin registered
+        # again (closing its previous channel) while this call waited for its thread.
+        raise DRACallError(f"{method} failed: {exc}") from None
     except grpc.RpcError as exc:
         code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
         details = exc.details() if hasattr(exc, "details") else str(exc)
