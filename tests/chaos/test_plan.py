@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from dracpu.sim.chaos import (
@@ -112,6 +114,8 @@ def test_cli_rejects_a_bad_duration(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == "chaos: --duration must be positive, got 0.0\n"
     assert main(["--intensity", "-1"]) == 2
     assert capsys.readouterr().err == "chaos: --intensity must be positive, got -1.0\n"
+    # main() quiets logging while it runs and must leave it as it found it.
+    assert logging.root.manager.disable == logging.NOTSET
     with pytest.raises(SystemExit) as exc:
         main(["--mode", "sideways"])
     assert exc.value.code == 2

@@ -1078,7 +1078,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.verbose:
         # The simulated kubelet and runtime warn about every failure the faults cause.
+        # Process-wide, so undone on the way out (tests call main() in-process).
         logging.disable(logging.WARNING)
+    try:
+        return _main(args)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.duration <= 0:
         print(f"chaos: --duration must be positive, got {args.duration}", file=sys.stderr)
         return 2
