@@ -274,20 +274,35 @@ class DriftWatcher:
         )
 
     def _repair(self, intents: Sequence[ContainerIntent], errors: list[str]) -> int:
-        repaired = 0
+        return self._write_all(
+            intents,
+            errors,
+            where=lambda i: f"container {i.container_id}",
+            failed="repair failed: ",
+            done=lambda i: f"repaired cpuset drift container_id={i.container_id} cpus={i.cpus}",
+        )
+
+    def _write_all(
+        self,
+        intents: Sequence[ContainerIntent],
+        errors: list[str],
+        *,
+        where: Callable[[ContainerIntent], str],
+        failed: str,
+        done: Callable[[ContainerIntent], str],
+    ) -> int:
+        """Write each intent; count and log successes, collect and log failures. Both
+        drift repairs and the confinement of unknown containers count as repairs."""
+        written = 0
         for intent, result in self.writer.write_many(intents):
             self._note_written(result)
             if isinstance(result, Exception):
-                message = f"container {intent.container_id}: repair failed: {result}"
+                message = f"{where(intent)}: {failed}{result}"
             elif not result.ok:
-                message = f"container {intent.container_id}: {result.describe_mismatch()}"
+                message = f"{where(intent)}: {result.describe_mismatch()}"
             else:
-                repaired += 1
-                log.info(
-                    "repaired cpuset drift container_id=%s cpus=%s",
-                    intent.container_id,
-                    intent.cpus,
-                )
+                written += 1
+                log.info("%s", done(intent))
                 if self.metrics is not None:
                     self.metrics.count_drift_repair("success")
                 continue
@@ -295,7 +310,7 @@ class DriftWatcher:
             log.warning("%s", message)
             if self.metrics is not None:
                 self.metrics.count_drift_repair("error")
-        return repaired
+        return written
 
     def _find_unknown(
         self, known_dirs: set[str], errors: list[str], pool_text: str, spared: frozenset[str]
@@ -355,26 +370,13 @@ class DriftWatcher:
             stack.extend(d for d in subdirs if d not in known)
 
     def _confine(self, unknown: Sequence[ContainerIntent], errors: list[str]) -> int:
-        confined = 0
-        for intent, result in self.writer.write_many(unknown):
-            self._note_written(result)
-            if isinstance(result, Exception):
-                message = f"unknown container {intent.cgroups_path}: {result}"
-            elif not result.ok:
-                message = f"unknown container {intent.cgroups_path}: {result.describe_mismatch()}"
-            else:
-                confined += 1
-                log.info(
-                    "confined unknown container cgroup=%s cpus=%s", intent.cgroups_path, intent.cpus
-                )
-                if self.metrics is not None:
-                    self.metrics.count_drift_repair("success")
-                continue
-            errors.append(message)
-            log.warning("%s", message)
-            if self.metrics is not None:
-                self.metrics.count_drift_repair("error")
-        return confined
+        return self._write_all(
+            unknown,
+            errors,
+            where=lambda i: f"unknown container {i.cgroups_path}",
+            failed="",
+            done=lambda i: f"confined unknown container cgroup={i.cgroups_path} cpus={i.cpus}",
+        )
 
     def _note_written(self, result: WriteOutcome | Exception) -> None:
         if not isinstance(result, Exception):
