@@ -269,3 +269,38 @@ async def test_startup_errors_fail_the_daemon_with_the_step(
         nursery.cancel_scope.cancel()
     assert code == 1
     assert sup.fatal_error is not None and message in sup.fatal_error
+
+
+async def test_no_registration_is_logged_and_readyz_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No kubelet: dracpu keeps serving, /readyz names what it waits for, and the log says
+    why every REGISTRATION_WAIT (upstream would exit after 30 s)."""
+    import dracpu.daemon.app as app
+
+    monkeypatch.setattr(app, "REGISTRATION_WAIT", 0.3)
+    node = Node()
+    seen: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            await trio.sleep(1.0)
+            assert daemon.http_port is not None
+            seen["readyz"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/readyz")
+            s.request_stop("done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    status, body = seen["readyz"]
+    assert status == 503
+    assert b"[-] kubelet-registration: waiting for the kubelet" in body
+    assert b"[+] nri ok" in body
+    warnings = [r for r in caplog.records if r.getMessage() == "plugin not registered yet"]
+    assert len(warnings) >= 2
+    err = getattr(warnings[0], "dracpu_kv", {}).get("err", "")
+    assert err.startswith("kubelet never reported a registration status, check that it watches ")

@@ -211,7 +211,7 @@ def test_daemonset_pod_shape(render: Render, name: str) -> None:
     assert container["env"] == [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     ]
-    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "50Mi"}
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "96Mi"}
     assert set(container["resources"]["limits"]) == {"memory"}
 
 

@@ -44,6 +44,7 @@ from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.kubelet.dra import DRAService
 from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
+from dracpu.kubelet.registration import RegistrationError
 from dracpu.logs import get_logger
 from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
@@ -62,6 +63,8 @@ READY_NRI = "nri"
 READY_SLICES = "slices"
 # How often changes made outside prepare/unprepare (NRI Synchronize) reach the checkpoint.
 PERSIST_POLL = 1.0
+# How long to wait for the kubelet's registration before saying so in the log (§7).
+REGISTRATION_WAIT = 30.0
 # Shorter than the supervisor's 5 s so a draining gRPC server is never abandoned.
 GRPC_GRACE = 4.0
 
@@ -334,6 +337,9 @@ class Daemon:
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(sup.start, Service(name="kubelet", run=self.kubelet.run)))
+            nursery.start_soon(
+                partial(sup.start, Service(name="registration", run=self._watch_registration))
+            )
             nursery.start_soon(partial(sup.start, Service(name="nri", run=self.session.run)))
             nursery.start_soon(
                 partial(
@@ -354,6 +360,26 @@ class Daemon:
         log.info("driver started", node=self.node_name)
 
     # -- long-lived glue tasks ----------------------------------------------------------
+
+    async def _watch_registration(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Say why the kubelet has not registered the plugin, every 30 s until it does.
+
+        Upstream exits when registration takes longer than 30 s (behavior.md §7); dracpu
+        keeps serving (NRI pinning and the fallback do not need the kubelet) and stays
+        not ready, with the same message in the log and on ``/readyz``.
+        """
+        assert self.kubelet is not None
+        task_status.started()
+        registration = self.kubelet.registration
+        while True:
+            try:
+                await registration.wait_registered(REGISTRATION_WAIT)
+            except RegistrationError as exc:
+                log.warning("plugin not registered yet", err=str(exc))
+                continue
+            await trio.sleep_forever()
 
     async def _follow_pool(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
