@@ -95,6 +95,8 @@ class DriverConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     stateDir: str = "/var/lib/dracpu"
     debugAddress: str = "127.0.0.1:8081"
     logFormat: str = "text"
+    # Beyond upstream, allowed in the file too: not a host path.
+    alignMemory: bool = False
 
 
 # The keys of the Go driver's Config, in the order §3.1 lists them.
@@ -124,8 +126,15 @@ _EXCLUDED_HINTS: dict[str, str] = {
         "the binary directly"
     ),
 }
+# dracpu's own settings that a config file may set (the other dracpu-only keys are host
+# paths and daemon plumbing: flags only).
+FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory",)
 for _spec in ROOT_FLAGS:
-    if _spec.config_key and _spec.config_key not in UPSTREAM_KEYS:
+    if (
+        _spec.config_key
+        and _spec.config_key not in UPSTREAM_KEYS
+        and _spec.config_key not in FILE_KEYS_BEYOND_UPSTREAM
+    ):
         _EXCLUDED_HINTS[_spec.config_key] = f"use --{_spec.name} instead"
 
 _FLAG_TO_KEY = {spec.name: spec.config_key for spec in ROOT_FLAGS if spec.config_key}

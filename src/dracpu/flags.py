@@ -249,6 +249,13 @@ ROOT_FLAGS: tuple[FlagSpec, ...] = (
         choices=("text", "json"),
     ),
     FlagSpec(
+        "align-memory",
+        "bool",
+        False,
+        "alignMemory",
+        "also set cpuset.mems of claim holders to the NUMA nodes of their CPUs",
+    ),
+    FlagSpec(
         "v", "int", 0, None, "log verbosity (0 key events, 2 decisions, 4 allocation, 6 debug)"
     ),
     FlagSpec("vmodule", "string", "", None, "per-file verbosity, e.g. allocation=6,nri=4"),

@@ -141,6 +141,7 @@ def test_socket_path_limit_counts_bytes_not_characters() -> None:
 
 def test_config_dump_lists_every_key_with_zero_values_sorted() -> None:
     assert config_dump_yaml(DriverConfig()) == (
+        "alignMemory: false\n"
         "bindAddress: :8080\n"
         "cdiDir: /var/run/cdi\n"
         "cgroupRoot: /sys/fs/cgroup\n"

@@ -51,6 +51,7 @@ def test_root_flag_table() -> None:
         "cgroup-root": ("string", "/sys/fs/cgroup", "cgroupRoot", False),
         "state-dir": ("string", "/var/lib/dracpu", "stateDir", False),
         "log-format": ("enum", "text", "logFormat", False),
+        "align-memory": ("bool", False, "alignMemory", False),
         "v": ("int", 0, None, False),
         "vmodule": ("string", "", None, False),
     }

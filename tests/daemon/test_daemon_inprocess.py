@@ -304,3 +304,49 @@ async def test_no_registration_is_logged_and_readyz_says_why(
     assert len(warnings) >= 2
     err = getattr(warnings[0], "dracpu_kv", {}).get("err", "")
     assert err.startswith("kubelet never reported a registration status, check that it watches ")
+
+
+async def test_align_memory_pins_mems_to_the_claims_numa_nodes() -> None:
+    node = Node(alignMemory=True)
+    node.runtime.node_mems = "0-1"
+    seen: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
+            info = await trio.to_thread.run_sync(register, reg)
+            uid = node.allocated_claim("c1", "cpudevnuma001", 2)
+            request = dra_pb.NodePrepareResourcesRequest(
+                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
+            )
+            await trio.to_thread.run_sync(
+                dra_call,
+                info.endpoint,
+                "NodePrepareResources",
+                request,
+                dra_pb.NodePrepareResourcesResponse,
+            )
+            cpus = daemon.state.claims_by_uid()[uid].format()  # type: ignore[union-attr]
+            await node.runtime.create_pod("p1", "pinned")
+            ctr = await node.runtime.create_container("p1", "app", [f"DRA_CPUSET_{uid}={cpus}"])
+            await node.runtime.create_pod("p2", "shared")
+            shared = await node.runtime.create_container("p2", "app")
+            seen.update(
+                cpus=cpus,
+                got=node.runtime.cpuset_of(ctr),
+                mems=node.runtime.mems_of(ctr),
+                shared_mems=node.runtime.mems_of(shared),
+            )
+            s.request_stop("done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    assert seen["got"] == seen["cpus"]
+    assert CPUSet.parse(seen["cpus"]) <= CPUSet.parse("20-39,60-79")  # NUMA node 1
+    assert seen["mems"] == "1"
+    assert seen["shared_mems"] == "0-1"  # shared containers keep the runtime's default

@@ -318,6 +318,8 @@ class Daemon:
             containers=state.containers,
             claim_cpus_from_cdi=lambda: cdi.read_claim_specs(cfg.cdiDir).claims,
             on_forget=lambda record: writer.forget(record.cgroups_path),
+            align_memory=cfg.alignMemory,
+            mems_of=lambda cpus: CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format(),
         )
         self.session = NRISession(
             cfg.nriSocket,
