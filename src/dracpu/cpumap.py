@@ -15,7 +15,7 @@ needs no sysfs.
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,11 +120,3 @@ def _describe(cpus: CPUSet) -> str:
     if not cpus:
         return "(none)"
     return f"{cpus.format()} ({len(cpus)} CPU{'s' if len(cpus) != 1 else ''})"
-
-
-def claim_labels(records: Iterable[tuple[str, str, str, CPUSet]]) -> dict[str, CPUSet]:
-    """Label claims ``namespace/name`` when known, else by UID: (uid, ns, name, cpus) rows."""
-    out: dict[str, CPUSet] = {}
-    for uid, namespace, name, cpus in records:
-        out[f"{namespace}/{name}" if name else uid] = cpus
-    return out

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dracpu.allocation.store import StoreSnapshot
+
 __all__ = [
     "DRACPU_METRIC_DEFINITIONS",
     "METRIC_DEFINITIONS",
@@ -193,6 +195,15 @@ class DriverMetrics:
 
     def count_unprepare(self, result: str) -> None:
         self._count(self.unprepare_claims, result)
+
+    def show_store(self, snapshot: StoreSnapshot) -> None:
+        """The four gauges from the allocation store's snapshot (§15)."""
+        self.set_snapshot(
+            allocated=snapshot.allocated,
+            available=snapshot.available,
+            reserved=snapshot.reserved,
+            active=snapshot.active,
+        )
 
     def set_snapshot(self, *, allocated: int, available: int, reserved: int, active: int) -> None:
         self.allocated_cpus.set(allocated)

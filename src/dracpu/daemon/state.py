@@ -9,10 +9,8 @@ directory fsync) in a worker thread, shielded so a cancellation cannot tear it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,26 +48,6 @@ def read_boot_id(proc_root: str = "/proc") -> str:
         return ""
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    # The temp name does not end in .json so no reader ever mistakes it for the real file.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 @dataclass
 class NodeState:
     """The three stores of behavior.md §12 plus the checkpoint that makes them durable."""
@@ -90,13 +68,7 @@ class NodeState:
 
     def refresh_gauges(self) -> None:
         if self.metrics is not None:
-            snap = self.store.snapshot()
-            self.metrics.set_snapshot(
-                allocated=snap.allocated,
-                available=snap.available,
-                reserved=snap.reserved,
-                active=snap.active,
-            )
+            self.metrics.show_store(self.store.snapshot())
 
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(
@@ -111,8 +83,7 @@ class NodeState:
         data = encode_checkpoint(self.checkpoint())
         path = self.checkpoint_path
         try:
-            os.makedirs(path.parent, mode=0o750, exist_ok=True)
-            _write_atomic(path, data)
+            cdi.atomic_write(str(path), data, dir_mode=0o750)
         except OSError as exc:
             self.last_error = f'failed to write checkpoint "{path}": {exc.strerror or exc}'
             if self.metrics is not None:

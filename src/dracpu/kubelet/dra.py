@@ -213,13 +213,7 @@ class DRAService:
             log.exception("on_change callback failed")
 
     def refresh_gauges(self) -> None:
-        snap = self.store.snapshot()
-        self.metrics.set_snapshot(
-            allocated=snap.allocated,
-            available=snap.available,
-            reserved=snap.reserved,
-            active=snap.active,
-        )
+        self.metrics.show_store(self.store.snapshot())
 
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
