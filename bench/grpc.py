@@ -78,12 +78,13 @@ def _service(cdi_dir: str) -> Any:
     from dracpu.devices import DeviceSettings, build_inventory
     from dracpu.kubelet import DRAService, MemoryClaimSource
     from dracpu.metrics import DriverMetrics
+    from dracpu.state import NodeState
     from dracpu.topology import discover_from_root
 
     topo = discover_from_root(FIXTURE)
     return DRAService(
         claims=MemoryClaimSource(_claims()),
-        store=AllocationStore(topo.all_cpus, CPUSet()),
+        state=NodeState(AllocationStore(topo.all_cpus, CPUSet())),
         inventory=build_inventory(topo, DeviceSettings(mode="grouped", group_by="numanode")),
         topology=topo,
         online=topo.online,

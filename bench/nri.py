@@ -18,11 +18,12 @@ import time
 
 import trio
 
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
 from dracpu.sim.runtime import RuntimeSimulator
+from dracpu.state import NodeState
 
 WARMUP = 200
 CREATES = 2000
@@ -38,12 +39,7 @@ def _percentile(samples: list[float], q: float) -> float:
 async def _main(sock_dir: str, cgroup_root: str) -> None:
     cpus = CPUSet.parse("0-63")
     store = AllocationStore(cpus, CPUSet())
-    plugin = NRIPlugin(
-        store=store,
-        tracker=ClaimTracker(),
-        containers=ContainerState(),
-        claim_cpus_from_cdi=dict,
-    )
+    plugin = NRIPlugin(NodeState(store))
     socket_path = os.path.join(sock_dir, "nri.sock")
     sim = RuntimeSimulator(socket_path, cgroup_root, node_cpus="0-63")
     session = NRISession(socket_path, plugin)

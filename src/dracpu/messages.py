@@ -1,28 +1,45 @@
 """Typed messages that travel between the daemon's services on Trio memory channels.
 
-Each service owns its state; what crosses a service boundary is one of these frozen
-msgspec Structs. Cpusets travel as Linux list strings so a message is plain data that can
-be logged, encoded and compared without importing the allocator.
+The allocation state has one owner, ``dracpu.state.NodeState``. What it publishes, and what
+the NRI session hands to the cgroupfs writer, is one of these frozen msgspec Structs:
+
+- ``ClaimsChanged``: from ``NodeState`` (prepare, unprepare, Synchronize adoption) to the
+  checkpoint writer (``dracpu.state.durable``);
+- ``CheckpointWritten``: from the checkpoint writer back to the caller waiting in
+  ``NodeState.make_durable`` (the reply channel a ``ClaimsChanged`` carries);
+- ``SharedPoolChanged``: from ``NodeState`` (a claim committed, released or adopted) to the
+  pool pusher (``dracpu.nri.pusher``);
+- ``CpusetUpdateFailed``: from the NRI session, for each update the runtime did not apply,
+  to the cgroupfs fallback writer.
+
+``ContainerIntent`` is the payload of the last one and what every cpuset decision is made
+of. Cpusets travel as Linux list strings so a message is plain data that can be logged,
+encoded and compared without importing the allocator.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 __all__ = [
+    "CheckpointWritten",
+    "ClaimsChanged",
     "ContainerIntent",
     "CpusetUpdateFailed",
-    "FallbackResult",
     "SharedPoolChanged",
 ]
 
 
 class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
-    """The cpuset dracpu intends a container to run on.
+    """The cpuset dracpu intends a container to run on: an NRI update, a reply's adjustment
+    of another container, or what the drift watcher enforces.
 
     ``cgroups_path`` is the runtime's ``linux.cgroups_path`` as NRI reports it (systemd
     ``slice:prefix:name`` or a cgroupfs path); ``mems`` is empty unless memory alignment
-    is on.
+    is on (empty = leave ``cpuset.mems`` alone). ``ignore_failure`` is set on best-effort
+    updates of other containers, which may be exiting (protocols.md 6.6).
     """
 
     container_id: str
@@ -31,6 +48,7 @@ class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
     mems: str = ""
     pod_uid: str = ""
     name: str = ""
+    ignore_failure: bool = False
 
 
 class CpusetUpdateFailed(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,13 +62,24 @@ class CpusetUpdateFailed(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-class FallbackResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What the cgroupfs writer did with one ``CpusetUpdateFailed``."""
+class CheckpointWritten(msgspec.Struct, frozen=True, kw_only=True):
+    """The checkpoint holding every change up to ``generation`` is on disk, or ``error``."""
 
-    container_id: str
-    cpus: str
-    ok: bool
+    generation: int
     error: str = ""
+
+
+class ClaimsChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """The set of claims to keep across a restart changed (``generation`` counts changes).
+
+    ``reason`` is ``prepare``, ``unprepare`` or ``synchronize``. ``reply``, when set, is a
+    ``trio.MemorySendChannel[CheckpointWritten]``: the sender waits for the write before it
+    makes the change visible (a prepare) or answers the kubelet (an unprepare).
+    """
+
+    generation: int
+    reason: str
+    reply: Any = None
 
 
 class SharedPoolChanged(msgspec.Struct, frozen=True, kw_only=True):

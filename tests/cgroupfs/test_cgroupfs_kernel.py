@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.paths import detect_layout
 from dracpu.cgroupfs.watcher import DriftWatcher
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, write_cgroup_file
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, FallbackResult, write_cgroup_file
 from dracpu.cpuset import CPUSet
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed, FallbackResult
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 
 CGROUP_ROOT = "/sys/fs/cgroup"

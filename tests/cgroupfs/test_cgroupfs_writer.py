@@ -22,10 +22,11 @@ from dracpu.cgroupfs.writer import (
     CgroupWriteError,
     CgroupWriter,
     CpusetWrite,
+    FallbackResult,
     plan_cpuset_writes,
 )
 from dracpu.cpuset import CPUSet
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed, FallbackResult
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from dracpu.config import (
     ConfigError,
     DriverConfig,
-    _GoYamlLoader,
     config_dump_yaml,
     load_config,
     reconstruct_from_cmdline,
 )
+from dracpu.config.goyaml import GoYamlLoader
 from dracpu.flags import ROOT_FLAGS, FlagError, parse_root_flags
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -153,7 +153,7 @@ def test_valid_files_round_trip(
     )
 )
 def test_config_dump_reads_back_as_go_yaml_would(cfg: DriverConfig) -> None:
-    dumped = yaml.load(config_dump_yaml(cfg), Loader=_GoYamlLoader)
+    dumped = yaml.load(config_dump_yaml(cfg), Loader=GoYamlLoader)
     assert dumped == msgspec.structs.asdict(cfg)
 
 

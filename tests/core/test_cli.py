@@ -321,12 +321,12 @@ def test_ctrl_c_inside_a_nursery_exits_130(monkeypatch: pytest.MonkeyPatch) -> N
     def interrupted(argv: object) -> int:
         raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
 
-    monkeypatch.setattr(cli, "run", interrupted)
+    monkeypatch.setattr(cli, "dispatch", interrupted)
     assert main(["version"]) == 130
 
     def failed(argv: object) -> int:
         raise ExceptionGroup("nursery", [ValueError("boom")])
 
-    monkeypatch.setattr(cli, "run", failed)
+    monkeypatch.setattr(cli, "dispatch", failed)
     with pytest.raises(ExceptionGroup):  # a real failure is not taken for Ctrl-C
         main(["version"])

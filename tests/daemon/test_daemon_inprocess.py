@@ -330,7 +330,7 @@ async def test_align_memory_pins_mems_to_the_claims_numa_nodes() -> None:
                 request,
                 dra_pb.NodePrepareResourcesResponse,
             )
-            cpus = daemon.state.claims_by_uid()[uid].format()  # type: ignore[union-attr]
+            cpus = daemon.state.store.cpus_of(uid).format()  # type: ignore[union-attr]
             await node.runtime.create_pod("p1", "pinned")
             ctr = await node.runtime.create_container("p1", "app", [f"DRA_CPUSET_{uid}={cpus}"])
             await node.runtime.create_pod("p2", "shared")

@@ -1,4 +1,4 @@
-"""NodeState's files: the checkpoint written atomically, restored at start with the CDI
+"""The checkpoint file: the checkpoint written atomically, restored at start with the CDI
 specs, a corrupt checkpoint kept aside, a reboot, and a state dir that cannot be written."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from dracpu import cdi
 from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.recovery import RecoverySource
-from dracpu.daemon.state import NodeState, StateFileError, read_boot_id
+from dracpu.state import CheckpointFile, NodeState, StateFileError, read_boot_id
 
 ALL = CPUSet.parse("0-15")
 
 
-def state(tmp_path: Path, boot: str = "boot-a") -> NodeState:
-    return NodeState(
-        store=AllocationStore(ALL, CPUSet()),
-        state_dir=str(tmp_path / "state"),
+def state(tmp_path: Path, boot: str = "boot-a") -> CheckpointFile:
+    return CheckpointFile(
+        NodeState(AllocationStore(ALL, CPUSet())),
+        str(tmp_path / "state"),
         boot_id=boot,
         config_fingerprint="fp",
     )
@@ -30,9 +30,11 @@ def state(tmp_path: Path, boot: str = "boot-a") -> NodeState:
 def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -> None:
     cdi_dir = str(tmp_path / "cdi")
     first = state(tmp_path)
-    first.store.reserve(ClaimRecord(uid="a", cpus=CPUSet.parse("0-3"), namespace="ns", name="x"))
-    first.store.reserve(ClaimRecord(uid="b", cpus=CPUSet.parse("8")))
-    first.write_checkpoint()
+    first.state.store.reserve(
+        ClaimRecord(uid="a", cpus=CPUSet.parse("0-3"), namespace="ns", name="x")
+    )
+    first.state.store.reserve(ClaimRecord(uid="b", cpus=CPUSet.parse("8")))
+    first.write()
     cdi.write_claim_spec(cdi_dir, "a", CPUSet.parse("0-3"))
     cdi.write_claim_spec(cdi_dir, "orphan", CPUSet.parse("9"))
     # No temp file is left next to the checkpoint.
@@ -41,7 +43,7 @@ def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -
     second = state(tmp_path)
     plan = second.restore(cdi_dir)
     assert plan.source is RecoverySource.CHECKPOINT
-    assert {r.uid: (r.cpus.format(), r.name) for r in second.store.records()} == {
+    assert {r.uid: (r.cpus.format(), r.name) for r in second.state.store.records()} == {
         "a": ("0-3", "x"),
         "b": ("8", ""),
     }
@@ -50,19 +52,19 @@ def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -
         "a": CPUSet.parse("0-3"),
         "b": CPUSet.parse("8"),
     }
-    assert second.store.shared_pool == CPUSet.parse("4-7,9-15")
+    assert second.state.store.shared_pool == CPUSet.parse("4-7,9-15")
 
 
 def test_reboot_starts_empty(tmp_path: Path) -> None:
     cdi_dir = str(tmp_path / "cdi")
     old = state(tmp_path, boot="old")
-    old.store.reserve(ClaimRecord(uid="a", cpus=CPUSet.parse("0-3")))
-    old.write_checkpoint()
+    old.state.store.reserve(ClaimRecord(uid="a", cpus=CPUSet.parse("0-3")))
+    old.write()
     cdi.write_claim_spec(cdi_dir, "a", CPUSet.parse("0-3"))
     new = state(tmp_path, boot="new")
     plan = new.restore(cdi_dir)
     assert plan.source is RecoverySource.REBOOT
-    assert len(new.store) == 0
+    assert len(new.state.store) == 0
     assert cdi.read_claim_specs(cdi_dir).claims == {}
     # The checkpoint now says so too.
     saved = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
@@ -80,7 +82,7 @@ def test_corrupt_checkpoint_is_kept_aside_and_cdi_specs_are_trusted(tmp_path: Pa
     assert plan.notes[0].startswith("checkpoint not used: checkpoint is corrupt: ")
     assert plan.notes[0].endswith(f"(moved to {tmp_path}/state/checkpoint.json.corrupt)")
     assert (tmp_path / "state" / "checkpoint.json.corrupt").read_text().startswith('{"version"')
-    assert st.claims_by_uid() == {"a": CPUSet.parse("2-3")}
+    assert {r.uid: r.cpus for r in st.state.store.records()} == {"a": CPUSet.parse("2-3")}
 
 
 def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
@@ -88,7 +90,7 @@ def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("a file where the directory should be")
     st = state(tmp_path)
     with pytest.raises(StateFileError) as info:
-        st.write_checkpoint()
+        st.write()
     assert str(info.value).startswith(f'failed to write checkpoint "{blocker}/checkpoint.json": ')
     assert st.last_error == str(info.value)
 

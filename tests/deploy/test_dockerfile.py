@@ -236,7 +236,7 @@ def test_context_holds_only_what_the_build_reads(rules: list[tuple[bool, re.Patt
     for path in (
         "pyproject.toml",
         "README.md",
-        "src/dracpu/cli.py",
+        "src/dracpu/cli/__init__.py",
         "src/dracpu/py.typed",
         "src/dracpu/proto/dra/v1/api_pb2.py",
     ):

@@ -9,17 +9,17 @@ pool, which never overlaps a claim.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from fuzzing import bounded, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dracpu.allocation.env import parse_dra_env
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
-from dracpu.nri.plugin import CreateDecision, NRIPlugin, NRIPluginError, Update
+from dracpu.messages import ContainerIntent
+from dracpu.nri.plugin import CreateDecision, NRIPlugin, NRIPluginError
 from dracpu.proto.nri import api_pb2
+from dracpu.state import NodeState
 
 AVAILABLE = CPUSet.parse("0-15")
 PREPARED = {"uid-a": CPUSet.parse("0-1"), "uid-b": CPUSet.parse("2-5")}
@@ -77,15 +77,7 @@ class Node:
         self.store = AllocationStore(AVAILABLE, CPUSet())
         for uid, cpus in PREPARED.items():
             self.store.reserve(ClaimRecord(uid=uid, cpus=cpus))
-        self.plugin = NRIPlugin(
-            store=self.store,
-            tracker=ClaimTracker(),
-            containers=ContainerState(),
-            claim_cpus_from_cdi=self._on_disk,
-        )
-
-    def _on_disk(self) -> Mapping[str, CPUSet]:
-        return dict(ON_DISK)
+        self.plugin = NRIPlugin(NodeState(self.store))
 
     def claims_cpus(self, uids: tuple[str, ...]) -> CPUSet:
         out = CPUSet()
@@ -111,20 +103,23 @@ class Node:
             assert decision.cpus == self.store.shared_pool
         self.check_updates(decision.updates, self.runtime)
 
-    def check_updates(self, updates: list[Update], runtime: dict[str, api_pb2.Container]) -> None:
+    def check_updates(
+        self, updates: list[ContainerIntent], runtime: dict[str, api_pb2.Container]
+    ) -> None:
         """Each update is the shared pool, or exactly the prepared CPUs of the claims its
         container's env names; every such claim's env value matches the store (Synchronize
         skips claims with no spec, as upstream does, and confines mismatches)."""
         for update in updates:
-            assert update.cpus and update.cpus <= AVAILABLE
-            if update.cpus == self.store.shared_pool:
+            update_cpus = CPUSet.parse(update.cpus)
+            assert update_cpus and update_cpus <= AVAILABLE
+            if update_cpus == self.store.shared_pool:
                 continue
             claims = parse_dra_env(runtime[update.container_id].env)
             held = {uid: cpus for uid, cpus in claims.items() if uid in self.store}
             assert held, f"update {update} for a container without prepared claims"
             for uid, cpus in held.items():
                 assert self.store.cpus_of(uid) == cpus
-            assert update.cpus == self.claims_cpus(tuple(held))
+            assert update_cpus == self.claims_cpus(tuple(held))
 
 
 @fuzz_settings(300)
@@ -151,7 +146,7 @@ def test_random_events_never_grant_unprepared_cpus(
             else:
                 # The runtime lists every container it knows of, in any state.
                 pods = [pod(p) for p in ("p1", "p2", "p3")]
-                updates = node.plugin.synchronize(pods, list(node.runtime.values()))
+                updates = node.plugin.synchronize(pods, list(node.runtime.values()), ON_DISK)
                 node.check_updates(updates, node.runtime)
             node.check_store()
             for intent in node.plugin.intents():

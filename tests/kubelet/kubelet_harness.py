@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from dracpu.allocation.opaque import DeviceConfig
 from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
 from dracpu.allocation.store import AllocationStore
+from dracpu.cdi import atomic_write
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory
 from dracpu.kubelet import (
@@ -28,9 +29,11 @@ from dracpu.kubelet import (
     MemoryClaimSource,
     RegistrationService,
 )
+from dracpu.messages import SharedPoolChanged
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dracpu.state import CheckpointFile, NodeState
 from dracpu.topology import discover_from_root
 from dracpu.topology.model import Topology
 
@@ -56,24 +59,52 @@ def short_dir(prefix: str = "k.") -> str:
 class Node:
     topology: Topology
     inventory: DeviceInventory
-    store: AllocationStore
+    state: NodeState
     metrics: DriverMetrics
     registry: CollectorRegistry
     claims: MemoryClaimSource
     cdi_dir: str
     service: DRAService
-    changes: list[int] = field(default_factory=list)
+    pool: trio.MemoryReceiveChannel[SharedPoolChanged]
+    published: list[str] = field(default_factory=list)
+
+    @property
+    def store(self) -> AllocationStore:
+        return self.state.store
+
+    @property
+    def changes(self) -> list[str]:
+        """Every shared pool the state owner published so far."""
+        while True:
+            try:
+                self.published.append(self.pool.receive_nowait().cpus)
+            except trio.WouldBlock:
+                return self.published
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
+    async def start_checkpoint(
+        self,
+        nursery: trio.Nursery,
+        state_dir: str,
+        write_file: Callable[..., None] = atomic_write,
+    ) -> CheckpointFile:
+        """Run the real checkpoint writer for this node (``write_file`` may wrap the write)."""
+        checkpoint = CheckpointFile(
+            self.state, state_dir, boot_id="boot", config_fingerprint="fp", write_file=write_file
+        )
+        await nursery.start(checkpoint.run, self.state.claims_changes())
+        return checkpoint
+
     def restart(self, store: AllocationStore | None = None) -> DRAService:
         """A new service over ``store`` (default: this one), like a restarted daemon."""
-        self.store = store or self.store
+        if store is not None:
+            self.state = NodeState(store, metrics=self.metrics)
         self.service = DRAService(
             claims=self.claims,
-            store=self.store,
+            state=self.state,
             inventory=self.inventory,
             topology=self.topology,
             online=self.topology.online,
@@ -91,7 +122,6 @@ def make_node(
     mode: str = "grouped",
     group_by: str = "numanode",
     reserved: str = "",
-    persist: Callable[[], Awaitable[None]] | None = None,
     offload_io: bool | None = None,
 ) -> Node:
     topo = topology(fixture)
@@ -102,21 +132,20 @@ def make_node(
     registry = CollectorRegistry()
     metrics = DriverMetrics(registry)
     claims = MemoryClaimSource()
-    changes: list[int] = []
+    state = NodeState(store, metrics=metrics)
+    pool = state.pool_changes()
     service = DRAService(
         claims=claims,
-        store=store,
+        state=state,
         inventory=inventory,
         topology=topo,
         online=topo.online,
         cdi_dir=cdi_dir,
         metrics=metrics,
         node_name=NODE,
-        persist=persist,
-        on_change=lambda: changes.append(len(store)),
         offload_io=offload_io,
     )
-    return Node(topo, inventory, store, metrics, registry, claims, cdi_dir, service, changes)
+    return Node(topo, inventory, state, metrics, registry, claims, cdi_dir, service, pool)
 
 
 def result(

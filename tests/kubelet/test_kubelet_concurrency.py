@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,8 +28,9 @@ from kubelet_harness import (
     unprepare_stub,
 )
 
+from dracpu.allocation.checkpoint import decode_checkpoint
 from dracpu.allocation.prepare import ClaimAllocation
-from dracpu.cdi import claim_spec_path, read_claim_specs
+from dracpu.cdi import atomic_write, claim_spec_path, read_claim_specs
 from dracpu.cpuset import CPUSet
 from dracpu.kubelet import ClaimRef, MemoryClaimSource
 
@@ -183,38 +186,51 @@ async def test_client_cancel_cancels_the_prepare(nursery: trio.Nursery, cdi_dir:
         assert reply.claims["other"].error == ""
 
 
-async def test_persist_failure_rolls_back(cdi_dir: str) -> None:
+def failing_write(calls: list[int], node: Node, errno: int, text: str) -> Any:
+    def write(path: str, data: bytes, **kw: Any) -> None:
+        calls.append(len(node.store.durable_records()))
+        raise OSError(errno, text)
+
+    return write
+
+
+async def test_persist_failure_rolls_back(nursery: trio.Nursery, cdi_dir: str) -> None:
     calls: list[int] = []
-
-    async def persist() -> None:
-        calls.append(len(node.store))
-        raise OSError(28, "No space left on device")
-
-    node = make_node(cdi_dir, persist=persist)
+    node = make_node(cdi_dir)
+    state_dir = os.path.join(cdi_dir, "state")
+    await node.start_checkpoint(
+        nursery, state_dir, failing_write(calls, node, 28, "No space left on device")
+    )
     c = claim("p1", result("cpudevnuma000", 2), name="web")
     node.claims.put(c)
     ref = ClaimRef(namespace="default", name="web", uid="p1")
     results = await node.service.prepare([ref])
-    assert (
-        results["p1"].error
-        == "failed to record claim default/web: [Errno 28] No space left on device"
+    assert results["p1"].error == (
+        "failed to record claim default/web: failed to write checkpoint "
+        f'"{state_dir}/checkpoint.json": No space left on device'
     )
     assert results["p1"].devices == ()
-    assert calls == [1]  # called after the store changed
+    assert calls == [1]  # the checkpoint would have held the pending claim
     assert len(node.store) == 0
+    assert node.store.durable_records() == []
     assert not os.path.exists(claim_spec_path(cdi_dir, "p1"))
     assert node.changes == []
     assert node.metric("dra_cpu_prepare_claims_total", result="error") == 1
 
 
-async def test_persist_failure_on_unprepare_keeps_the_claim(cdi_dir: str) -> None:
+async def test_persist_failure_on_unprepare_keeps_the_claim(
+    nursery: trio.Nursery, cdi_dir: str
+) -> None:
     fail = False
+    node = make_node(cdi_dir)
 
-    async def persist() -> None:
+    def write(path: str, data: bytes, **kw: Any) -> None:
         if fail:
             raise OSError(5, "Input/output error")
+        atomic_write(path, data, **kw)
 
-    node = make_node(cdi_dir, persist=persist)
+    state_dir = os.path.join(cdi_dir, "state")
+    await node.start_checkpoint(nursery, state_dir, write)
     c = claim("p2", result("cpudevnuma001", 4), name="web")
     node.claims.put(c)
     ref = ClaimRef(namespace="default", name="web", uid="p2")
@@ -222,38 +238,46 @@ async def test_persist_failure_on_unprepare_keeps_the_claim(cdi_dir: str) -> Non
     cpus = node.store.cpus_of("p2")
     fail = True
     results = await node.service.unprepare([ref])
-    assert results["p2"].error == "failed to record claim default/web: [Errno 5] Input/output error"
+    assert results["p2"].error == (
+        "failed to record claim default/web: failed to write checkpoint "
+        f'"{state_dir}/checkpoint.json": Input/output error'
+    )
     assert node.store.cpus_of("p2") == cpus
+    assert [r.uid for r in node.store.durable_records()] == ["p2"]
     assert read_claim_specs(cdi_dir).claims == {"p2": cpus}
     fail = False
     assert (await node.service.unprepare([ref]))["p2"].error == ""
     assert len(node.store) == 0
+    on_disk = decode_checkpoint(Path(state_dir, "checkpoint.json").read_bytes())
+    assert on_disk.claims == ()
 
 
-async def test_cancelled_during_persist_still_commits(cdi_dir: str) -> None:
-    entered = trio.Event()
-    release = trio.Event()
-    persisted: list[int] = []
+async def test_cancelled_during_persist_still_commits(nursery: trio.Nursery, cdi_dir: str) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    node = make_node(cdi_dir)
 
-    async def persist() -> None:
+    def write(path: str, data: bytes, **kw: Any) -> None:
         entered.set()
-        await release.wait()
-        persisted.append(len(node.store))
+        release.wait(10)
+        atomic_write(path, data, **kw)
 
-    node = make_node(cdi_dir, persist=persist)
+    state_dir = os.path.join(cdi_dir, "state")
+    await node.start_checkpoint(nursery, state_dir, write)
     c = claim("p3", result("cpudevnuma002", 2), name="web")
     node.claims.put(c)
     ref = ClaimRef(namespace="default", name="web", uid="p3")
     async with trio.open_nursery() as n:
         n.start_soon(node.service.prepare, [ref])
-        await entered.wait()
+        await trio.to_thread.run_sync(entered.wait, 10)
         n.cancel_scope.cancel()  # the caller goes away mid-commit
         release.set()
-    # The shielded commit finished: memory, disk and the persisted state agree.
-    assert persisted == [1]
+    # The shielded commit finished: memory, disk and the checkpoint agree.
     cpus = node.store.cpus_of("p3")
     assert cpus is not None and len(cpus) == 2
     assert read_claim_specs(cdi_dir).claims == {"p3": cpus}
+    on_disk = decode_checkpoint(Path(state_dir, "checkpoint.json").read_bytes())
+    assert [(r.uid, r.cpus) for r in on_disk.claims] == [("p3", cpus)]
 
 
 @pytest.mark.parametrize("offload_io", [False, True, None])

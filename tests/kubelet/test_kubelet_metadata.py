@@ -41,7 +41,7 @@ def dirs() -> Any:
 def with_metadata(node: Any, plugin_dir: str) -> DRAService:
     node.service = DRAService(
         claims=node.claims,
-        store=node.store,
+        state=node.state,
         inventory=node.inventory,
         topology=node.topology,
         online=node.topology.online,

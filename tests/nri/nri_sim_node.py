@@ -4,9 +4,9 @@ unix socket, with the plugin's stores at hand."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +14,14 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
+from dracpu.cdi import write_claim_spec
 from dracpu.cpuset import CPUSet
 from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
 from dracpu.sim.runtime import RuntimeSimulator
+from dracpu.state import NodeState
 
 
 @dataclass
@@ -27,17 +29,28 @@ class SimNode:
     sim: RuntimeSimulator
     session: NRISession
     plugin: NRIPlugin
-    store: AllocationStore
-    tracker: ClaimTracker
-    containers: ContainerState
+    state: NodeState
     metrics: DriverMetrics
     failed: trio.MemoryReceiveChannel[CpusetUpdateFailed]
-    cdi: dict[str, CPUSet] = field(default_factory=dict)
+    cdi_dir: str
     nursery: trio.Nursery | None = None
 
+    @property
+    def store(self) -> AllocationStore:
+        return self.state.store
+
+    @property
+    def tracker(self) -> ClaimTracker:
+        return self.state.tracker
+
+    @property
+    def containers(self) -> ContainerState:
+        return self.state.containers
+
     def prepare(self, uid: str, cpus: str) -> None:
+        """A prepared claim: in the store and with its CDI spec on disk."""
         self.store.reserve(ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus)))
-        self.cdi[uid] = CPUSet.parse(cpus)
+        write_claim_spec(self.cdi_dir, uid, CPUSet.parse(cpus))
 
     def start_session(self) -> None:
         assert self.nursery is not None
@@ -57,27 +70,21 @@ async def sim_node(
     sim_kw: Mapping[str, Any] | None = None,
     session_kw: Mapping[str, Any] | None = None,
     node_cpus: str = "0-7",
-    plugin_kw: Mapping[str, Any] | None = None,
+    mems_of: Callable[[CPUSet], str] | None = None,
 ) -> AsyncIterator[SimNode]:
     socket_path = os.path.join(sock_dir, "nri.sock")
     sim = RuntimeSimulator(socket_path, str(cgroup_root), node_cpus=node_cpus, **(sim_kw or {}))
-    store = AllocationStore(CPUSet.parse(node_cpus), CPUSet())
-    tracker = ClaimTracker()
-    containers = ContainerState()
-    cdi: dict[str, CPUSet] = {}
-    plugin = NRIPlugin(
-        store=store,
-        tracker=tracker,
-        containers=containers,
-        claim_cpus_from_cdi=lambda: cdi,
-        **(plugin_kw or {}),
-    )
+    state = NodeState(AllocationStore(CPUSet.parse(node_cpus), CPUSet()), mems_of=mems_of)
+    plugin = NRIPlugin(state)
+    cdi_dir = os.path.join(sock_dir, "cdi")
     send, receive = trio.open_memory_channel[CpusetUpdateFailed](1000)
     metrics = DriverMetrics(CollectorRegistry())
     kw: dict[str, Any] = {"reconnect_backoff": (0.01, 0.1)}
     kw.update(session_kw or {})
-    session = NRISession(socket_path, plugin, failed_updates=send, metrics=metrics, **kw)
-    node = SimNode(sim, session, plugin, store, tracker, containers, metrics, receive, cdi)
+    session = NRISession(
+        socket_path, plugin, cdi_dir=cdi_dir, failed_updates=send, metrics=metrics, **kw
+    )
+    node = SimNode(sim, session, plugin, state, metrics, receive, cdi_dir)
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
         await nursery.start(sim.run)

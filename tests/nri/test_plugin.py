@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 
-from dracpu.allocation.store import (
-    AllocationStore,
-    ClaimRecord,
-    ClaimTracker,
-    ContainerState,
-    Owner,
-)
+from dracpu.allocation.store import AllocationStore, ClaimRecord, Owner
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
-from dracpu.nri.plugin import EMPTY_SHARED_POOL, NRIPlugin, NRIPluginError, Update
+from dracpu.nri.plugin import EMPTY_SHARED_POOL, NRIPlugin, NRIPluginError
 from dracpu.proto.nri import api_pb2
+from dracpu.state import NodeState
 
 ALL = CPUSet.parse("0-7")
 NONE = CPUSet()
@@ -41,32 +36,38 @@ def ctr(pod_uid: str, name: str, cid: str, *env: str) -> api_pb2.Container:
 
 
 class Node:
-    """One plugin over fresh stores, with a CDI view tests can fill."""
+    """One plugin over a fresh state owner, with a CDI view tests can fill."""
 
-    def __init__(self, available: CPUSet = ALL, reserved: CPUSet = NONE, **kw: object):
-        self.store = AllocationStore(available, reserved)
-        self.tracker = ClaimTracker()
-        self.containers = ContainerState()
+    def __init__(
+        self,
+        available: CPUSet = ALL,
+        reserved: CPUSet = NONE,
+        mems_of: Callable[[CPUSet], str] | None = None,
+    ):
+        self.state = NodeState(AllocationStore(available, reserved), mems_of=mems_of)
+        self.store = self.state.store
+        self.tracker = self.state.tracker
+        self.containers = self.state.containers
         self.cdi: dict[str, CPUSet] = {}
         self.cdi_reads = 0
-        self.plugin = NRIPlugin(
-            store=self.store,
-            tracker=self.tracker,
-            containers=self.containers,
-            claim_cpus_from_cdi=self._read_cdi,
-            **kw,  # type: ignore[arg-type]
-        )
+        self.plugin = NRIPlugin(self.state)
 
-    def _read_cdi(self) -> Mapping[str, CPUSet]:
-        self.cdi_reads += 1
-        return dict(self.cdi)
+    def synchronize(
+        self, pods: list[api_pb2.PodSandbox], containers: list[api_pb2.Container]
+    ) -> list[ContainerIntent]:
+        """As the session does: read the CDI specs only when the plugin needs them."""
+        cdi: Mapping[str, CPUSet] = {}
+        if self.plugin.needs_cdi_specs(containers):
+            self.cdi_reads += 1
+            cdi = dict(self.cdi)
+        return self.plugin.synchronize(pods, containers, cdi)
 
     def prepare(self, uid: str, cpus: str) -> None:
         self.store.reserve(ClaimRecord(uid=uid, cpus=cs(cpus)))
 
 
-def pairs(updates: list[Update]) -> list[tuple[str, str]]:
-    return [(u.container_id, u.cpus.format()) for u in updates]
+def pairs(updates: list[ContainerIntent]) -> list[tuple[str, str]]:
+    return [(u.container_id, u.cpus) for u in updates]
 
 
 # -- §13.3 table ----------------------------------------------------------------------------
@@ -108,12 +109,13 @@ def test_row4_guaranteed_container_shrinks_shared_containers() -> None:
     assert pairs(decision.updates) == [("s1", "0-1,4-7"), ("s2", "0-1,4-7")]
     assert all(u.ignore_failure for u in decision.updates)
     assert decision.updates[0].cgroups_path == "/kubepods/podp0/s1"
-    assert decision.updates[0].intent() == ContainerIntent(
+    assert decision.updates[0] == ContainerIntent(
         container_id="s1",
         cgroups_path="/kubepods/podp0/s1",
         cpus="0-1,4-7",
         pod_uid="p0",
         name="s1",
+        ignore_failure=True,
     )
 
 
@@ -206,7 +208,7 @@ def test_claim_taking_the_last_cpus_sends_no_empty_updates() -> None:
 
 
 def test_two_claims_union_and_align_memory() -> None:
-    node = Node(align_memory=True, mems_of=lambda cpus: "0" if cpus.max() < 4 else "0-1")
+    node = Node(mems_of=lambda cpus: "0" if cpus.max() < 4 else "0-1")
     node.prepare("A", "0-1")
     node.prepare("B", "4")
     decision = node.plugin.create_container(
@@ -215,11 +217,6 @@ def test_two_claims_union_and_align_memory() -> None:
     assert decision.cpus == cs("0-1,4")
     assert decision.mems == "0-1"
     assert decision.claim_uids == ("A", "B")
-
-
-def test_align_memory_needs_mems_of() -> None:
-    with pytest.raises(ValueError, match="mems_of"):
-        Node(align_memory=True)
 
 
 # -- §13.4 stop / remove ------------------------------------------------------------------
@@ -282,7 +279,7 @@ def test_sync_example_rebuilds_from_cdi() -> None:
         ctr("p1", "s", "p1-s"),
         ctr("p2", "s", "p2-s"),
     ]
-    updates = node.plugin.synchronize(pods, containers)
+    updates = node.synchronize(pods, containers)
     assert pairs(updates) == [("p1-g", "0-1"), ("p1-s", "2-7"), ("p2-s", "2-7")]
     assert node.store.cpus_of("A") == cs("0-1")
     assert node.tracker.owner_of("A") == Owner("p1", "g")
@@ -292,7 +289,7 @@ def test_sync_example_rebuilds_from_cdi() -> None:
 
 def test_sync_claim_without_cdi_spec_is_shared() -> None:
     node = Node()
-    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1")])
+    updates = node.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1")])
     assert pairs(updates) == [("c1", "0-7")]
     assert "A" not in node.store
     assert node.containers.shared_container_ids() == ["c1"]
@@ -300,7 +297,7 @@ def test_sync_claim_without_cdi_spec_is_shared() -> None:
 
 def test_sync_malformed_env_gets_no_update() -> None:
     node = Node()
-    updates = node.plugin.synchronize(
+    updates = node.synchronize(
         [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=a-b"), ctr("p1", "s", "c2")]
     )
     assert pairs(updates) == [("c2", "0-7")]
@@ -309,14 +306,14 @@ def test_sync_malformed_env_gets_no_update() -> None:
 
 def test_sync_ignores_containers_of_unknown_pods() -> None:
     node = Node()
-    assert node.plugin.synchronize([pod("p1")], [ctr("p9", "s", "c9")]) == []
+    assert node.synchronize([pod("p1")], [ctr("p9", "s", "c9")]) == []
 
 
 def test_sync_keeps_prepared_claims_not_yet_running() -> None:
     node = Node()
     node.prepare("A", "0-1")  # prepared by the kubelet, its container not created yet
     node.plugin.create_container(pod("p0"), ctr("p0", "old", "gone"))
-    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "s", "c1")])
+    updates = node.synchronize([pod("p1")], [ctr("p1", "s", "c1")])
     assert pairs(updates) == [("c1", "2-7")]
     assert node.store.cpus_of("A") == cs("0-1")
     assert [r.container_id for r in node.containers] == ["c1"]  # rebuilt from the runtime
@@ -328,7 +325,7 @@ def test_sync_env_disagreeing_with_store_is_forged_and_confined() -> None:
     node = Node()
     node.prepare("A", "0-1")
     node.cdi = {"A": cs("0-3")}
-    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3")])
+    updates = node.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3")])
     assert pairs(updates) == [("c1", "2-7")]
     assert node.tracker.owner_of("A") is None
     assert node.store.cpus_of("A") == cs("0-1")
@@ -337,7 +334,7 @@ def test_sync_env_disagreeing_with_store_is_forged_and_confined() -> None:
 def test_sync_env_disagreeing_with_cdi_is_confined() -> None:
     node = Node()
     node.cdi = {"A": cs("0-1")}
-    updates = node.plugin.synchronize(
+    updates = node.synchronize(
         [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3", "DRA_CPUSET_B=4")]
     )
     assert pairs(updates) == [("c1", "0-7")]
@@ -347,7 +344,7 @@ def test_sync_env_disagreeing_with_cdi_is_confined() -> None:
 def test_sync_same_claim_in_two_containers_confines_the_second() -> None:
     node = Node()
     node.prepare("A", "0-1")
-    updates = node.plugin.synchronize(
+    updates = node.synchronize(
         [pod("p1"), pod("p2")],
         [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1"), ctr("p2", "x", "c2", "DRA_CPUSET_A=0-1")],
     )
@@ -359,7 +356,7 @@ def test_sync_cdi_claim_overlapping_held_cpus_is_confined() -> None:
     node = Node()
     node.prepare("A", "0-1")
     node.cdi = {"B": cs("1-2")}
-    updates = node.plugin.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_B=1-2")])
+    updates = node.synchronize([pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_B=1-2")])
     assert pairs(updates) == [("c1", "2-7")]
     assert "B" not in node.store
 
@@ -367,7 +364,7 @@ def test_sync_cdi_claim_overlapping_held_cpus_is_confined() -> None:
 def test_sync_two_cdi_claims_of_one_container_that_overlap_are_refused() -> None:
     node = Node()
     node.cdi = {"A": cs("0-1"), "B": cs("1-2")}
-    updates = node.plugin.synchronize(
+    updates = node.synchronize(
         [pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1", "DRA_CPUSET_B=1-2")]
     )
     assert pairs(updates) == [("c1", "0-7")]
@@ -378,7 +375,7 @@ def test_sync_rebuilds_owners_of_stopped_claim_holders() -> None:
     node = Node()
     node.prepare("A", "0-1")
     node.plugin.create_container(pod("p1"), ctr("p1", "g", "g1", "DRA_CPUSET_A=0-1"))
-    node.plugin.synchronize([pod("p1")], [])
+    node.synchronize([pod("p1")], [])
     assert node.tracker.owners() == {}
     assert len(node.containers) == 0
     assert node.store.cpus_of("A") == cs("0-1")
@@ -397,41 +394,12 @@ def test_intents_cover_every_container() -> None:
     assert [i.cpus for i in node.plugin.intents()] == ["0-7", "0-7"]
 
 
-def test_on_forget_hears_of_every_dropped_container_once() -> None:
-    gone: list[tuple[str, str]] = []
-    node = Node(on_forget=lambda r: gone.append((r.container_id, r.cgroups_path)))
-    node.prepare("A", "0-1")
-    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
-    node.plugin.create_container(pod("p2"), ctr("p2", "web", "s1"))
-    # The same id again replaces nothing; a new id of the same name replaces g1.
-    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
-    assert gone == []
-    node.plugin.create_container(pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
-    assert gone == [("g1", "/kubepods/podp1/g1")]
-    # Stale events for g1 drop nothing more; stop then remove of s1 is one drop.
-    node.plugin.stop_container(pod("p1"), ctr("p1", "app", "g1"))
-    node.plugin.remove_container(pod("p1"), ctr("p1", "app", "g1"))
-    node.plugin.stop_container(pod("p2"), ctr("p2", "web", "s1"))
-    node.plugin.remove_container(pod("p2"), ctr("p2", "web", "s1"))
-    assert gone == [("g1", "/kubepods/podp1/g1"), ("s1", "/kubepods/podp2/s1")]
-
-
-def test_on_forget_after_synchronize_drops_only_vanished_containers() -> None:
-    gone: list[str] = []
-    node = Node(on_forget=lambda r: gone.append(r.container_id))
-    node.plugin.create_container(pod("p1"), ctr("p1", "a", "c1"))
-    node.plugin.create_container(pod("p2"), ctr("p2", "b", "c2"))
-    node.plugin.synchronize([pod("p2")], [ctr("p2", "b", "c2")])
-    assert gone == ["c1"]
-    assert [r.container_id for r in node.containers] == ["c2"]
-
-
 def test_has_synchronized_after_the_first_synchronize() -> None:
     node = Node()
     node.plugin.create_container(pod("p1"), ctr("p1", "a", "c1"))
-    assert node.plugin.has_synchronized is False
-    node.plugin.synchronize([], [])
-    assert node.plugin.has_synchronized is True
+    assert node.state.has_synchronized is False
+    node.synchronize([], [])
+    assert node.state.has_synchronized is True
 
 
 def test_knows_tracks_containers_until_stopped() -> None:

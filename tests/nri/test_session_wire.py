@@ -13,33 +13,23 @@ import pytest
 import trio
 import trio.testing
 
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord, ContainerState
 from dracpu.cpuset import CPUSet
+from dracpu.nri.handlers import EVENT_MASK, PluginHandlers
 from dracpu.nri.mux import Multiplexer, MuxData
+from dracpu.nri.peer import PLUGIN_SERVICE, RUNTIME_SERVICE, CallFailed, MuxPeer
 from dracpu.nri.plugin import NRIPlugin
-from dracpu.nri.session import (
-    EVENT_MASK,
-    PLUGIN_SERVICE,
-    RUNTIME_SERVICE,
-    CallFailed,
-    MuxPeer,
-    NRISession,
-    reconnect_delay,
-)
+from dracpu.nri.session import NRISession
 from dracpu.nri.ttrpc import RequestReceived, StatusCode, TTRPCClientConnection
+from dracpu.nursery.backoff import restart_delay
 from dracpu.proto.nri import api_pb2
 from dracpu.sim.runtime import RuntimeSimulator
+from dracpu.state import NodeState
 
 
 def make_plugin() -> tuple[NRIPlugin, ContainerState]:
-    containers = ContainerState()
-    plugin = NRIPlugin(
-        store=AllocationStore(CPUSet.parse("0-7"), CPUSet()),
-        tracker=ClaimTracker(),
-        containers=containers,
-        claim_cpus_from_cdi=dict,
-    )
-    return plugin, containers
+    state = NodeState(AllocationStore(CPUSet.parse("0-7"), CPUSet()))
+    return NRIPlugin(state), state.containers
 
 
 def pod(uid: str) -> api_pb2.PodSandbox:
@@ -152,7 +142,7 @@ async def test_bad_requests_get_clear_errors_and_the_session_keeps_serving(
 
 
 async def test_shutdown_only_logs(sock_dir: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="dracpu.nri.session")
+    caplog.set_level(logging.INFO, logger="dracpu.nri")
     async with raw_runtime(sock_dir) as (runtime, _session, _):
         assert await runtime.call("Shutdown", b"") == b""
     assert "runtime shutting down" in caplog.text
@@ -216,10 +206,15 @@ def test_session_refuses_bad_names() -> None:
 
 
 def test_reconnect_delay_grows_caps_and_jitters() -> None:
-    delays = [reconnect_delay(a, initial=0.5, maximum=4.0, rand=lambda: 1.0) for a in range(6)]
+    def reconnect_delay(attempt: int, *, rand: Callable[[], float]) -> float:
+        # The session's reconnect schedule: doubling from 0.5 s, capped at 4 s, jittered
+        # into [50 %, 100 %].
+        return restart_delay(attempt + 1, initial=0.5, factor=2.0, cap=4.0, jitter=0.5, rand=rand)
+
+    delays = [reconnect_delay(a, rand=lambda: 1.0) for a in range(6)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    assert reconnect_delay(2, initial=0.5, maximum=4.0, rand=lambda: 0.0) == 1.0
-    assert reconnect_delay(10_000, initial=0.5, maximum=4.0, rand=lambda: 0.5) == 3.0
+    assert reconnect_delay(2, rand=lambda: 0.0) == 1.0
+    assert reconnect_delay(10_000, rand=lambda: 0.5) == 3.0
 
 
 # -- the simulator's deadlines ------------------------------------------------------------------
@@ -329,17 +324,17 @@ async def test_plugin_that_never_registers_is_closed(
 def test_create_container_reply_golden_bytes() -> None:
     """The CreateContainer reply payload, byte for byte (protocols.md 6.8 field numbers)."""
     plugin, _ = make_plugin()
-    session = NRISession("/unused", plugin)
+    handlers = PluginHandlers(plugin)
     shared = api_pb2.CreateContainerRequest(pod=pod("p0"), container=container("p0", "s1"))
-    assert session._create_container(shared.SerializeToString()) == bytes.fromhex(
+    assert handlers.handle("CreateContainer", shared.SerializeToString()) == bytes.fromhex(
         # adjust(1) { linux(6) { resources(2) { cpu(2) { cpus(6) = "0-7" } } } }
         "0a0b 3209 1207 1205 3203 302d37".replace(" ", "")
     )
-    plugin._store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
+    plugin._state.store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
     guaranteed = api_pb2.CreateContainerRequest(
         pod=pod("p1"), container=container("p1", "g1", "DRA_CPUSET_A=0-3")
     )
-    assert session._create_container(guaranteed.SerializeToString()) == bytes.fromhex(
+    assert handlers.handle("CreateContainer", guaranteed.SerializeToString()) == bytes.fromhex(
         "0a0b 3209 1207 1205 3203 302d33"  # adjust: cpus "0-3"
         # update(2) { container_id(1) "s1", linux(2) { resources(1) { cpu(2) {
         #   cpus(6) "4-7" } } }, ignore_failure(3) true }
@@ -349,10 +344,13 @@ def test_create_container_reply_golden_bytes() -> None:
 
 def test_synchronize_page_reply_golden_bytes() -> None:
     plugin, _ = make_plugin()
-    session = NRISession("/unused", plugin)
+    handlers = PluginHandlers(plugin)
     page = api_pb2.SynchronizeRequest(pods=[pod("p1")], more=True)
-    assert session._synchronize(page.SerializeToString()) == bytes.fromhex("1001")  # more(2)
-    assert session._synchronize(b"") == b""  # final chunk, nothing to update
+    assert handlers.sync_chunk(page.SerializeToString()) is None
+    assert bytes.fromhex("1001") == PluginHandlers.MORE  # more(2)
+    final = handlers.sync_chunk(b"")
+    assert final is not None and [p.uid for p in final.pods] == ["p1"]
+    assert handlers.finish_sync(final, {}) == b""  # final chunk, nothing to update
 
 
 async def test_large_reply_is_sent_as_4096_bytes_then_the_rest(sock_dir: str) -> None:

@@ -84,7 +84,7 @@ async def test_align_memory_sets_mems_over_the_wire(sock_dir: str, tmp_path: Pat
         sock_dir,
         tmp_path / "cg",
         sim_kw={"node_mems": "0-1"},
-        plugin_kw={"align_memory": True, "mems_of": mems_of},
+        mems_of=mems_of,
     ) as node:
         node.prepare("A", "0-1")
         await node.sim.create_pod("p1", "pod")

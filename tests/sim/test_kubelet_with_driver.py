@@ -23,6 +23,7 @@ from dracpu.metrics import DriverMetrics
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import MemoryRuntime, SimKubelet
 from dracpu.sim.scheduler import Scheduler
+from dracpu.state import NodeState
 from dracpu.topology import discover_from_root
 
 FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
@@ -99,7 +100,7 @@ async def world(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[World]:
     cdi_dir = str(tmp_path / "cdi")
     dra = DRAService(
         claims=ApiClaimSource(api, pool=NODE),
-        store=store,
+        state=NodeState(store),
         inventory=inventory,
         topology=topo,
         online=topo.online,

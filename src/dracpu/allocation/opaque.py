@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from dracpu import DRIVER_NAME
 from dracpu.allocation.env import go_quote, parse_cpuset
 from dracpu.allocation.options import (
     AllocationOptions,
@@ -49,7 +50,6 @@ __all__ = [
     "select_cpuset_override",
 ]
 
-DRIVER_NAME = "dra.cpu"
 FROM_CLAIM = "FromClaim"
 FROM_CLASS = "FromClass"
 OVERRIDE_API_VERSION = "v1alpha1"

@@ -232,7 +232,7 @@ def _plan_individual(
             f"claim {_claim_ref(claim)} is already prepared with different CPUs "
             f"{stored.cpus} (requested {cpus})"
         )
-    if not cpus <= store.shared_pool:
+    if not cpus <= store.free:
         raise PrepareError(
             f"claim {_claim_ref(claim)} has overlapping device assignment with other claims"
         )
@@ -318,7 +318,7 @@ def _plan_grouped(
     stored = store.get(claim.uid)
     if stored is not None:
         return _again(claim, stored, ours)
-    free = store.shared_pool
+    free = store.free
     assigned = CPUSet()
     options: dict[str, AllocationOptions] = {}
     for result in ours:

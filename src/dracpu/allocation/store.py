@@ -4,7 +4,11 @@ Three small pure stores (behavior.md §12), owned by one task and never shared a
 
 - ``AllocationStore``: claim UID -> ``ClaimRecord`` (its exclusive CPUs); the shared pool is
   the allocatable CPUs no claim holds. Reserved CPUs are in neither: they are not
-  allocatable, so no claim can get them and no shared container runs on them.
+  allocatable, so no claim can get them and no shared container runs on them. A claim
+  being prepared is *pending* until its CDI spec and checkpoint are on disk: its CPUs are
+  kept from every other reservation but it is not prepared yet for anyone who asks
+  (``get``, ``validate``, the shared pool). A claim being unprepared is *releasing*: still
+  prepared, but left out of the next checkpoint.
 - ``ClaimTracker``: claim UID -> the one container that uses it.
 - ``ContainerState``: pod UID -> container name -> runtime id and claims, plus the ids of
   the shared containers (those without claims) that follow the shared pool.
@@ -18,9 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
-from dracpu.allocation.env import go_quote
 from dracpu.allocation.options import AllocationOptions
 from dracpu.cpuset import CPUSet
+from dracpu.gofmt import go_quote
 
 __all__ = [
     "AllocationStore",
@@ -98,6 +102,9 @@ class AllocationStore:
         self._reserved = reserved
         self._claims: dict[str, ClaimRecord] = {}
         self._prepared = CPUSet()
+        self._pending: dict[str, ClaimRecord] = {}
+        self._pending_cpus = CPUSet()
+        self._releasing: set[str] = set()
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -119,6 +126,11 @@ class AllocationStore:
     def shared_pool(self) -> CPUSet:
         return self._available - self._prepared
 
+    @property
+    def free(self) -> CPUSet:
+        """CPUs a new reservation may take: the shared pool without pending claims."""
+        return self._available - self._prepared - self._pending_cpus
+
     def get(self, claim_uid: str) -> ClaimRecord | None:
         return self._claims.get(claim_uid)
 
@@ -136,6 +148,12 @@ class AllocationStore:
         """Every claim, in the order they were reserved."""
         return list(self._claims.values())
 
+    def durable_records(self) -> list[ClaimRecord]:
+        """What the checkpoint must hold: prepared claims not being released, and pending
+        ones (their prepare is waiting for exactly that write)."""
+        kept = [r for r in self._claims.values() if r.uid not in self._releasing]
+        return kept + list(self._pending.values())
+
     def snapshot(self) -> StoreSnapshot:
         return StoreSnapshot(
             allocated=len(self._prepared),
@@ -145,14 +163,15 @@ class AllocationStore:
         )
 
     # -- changes ------------------------------------------------------------------------
-    def reserve(self, record: ClaimRecord) -> bool:
+    def reserve(self, record: ClaimRecord, *, pending: bool = False) -> bool:
         """Record a claim's CPUs. False when the same CPUs were already recorded (no-op).
 
-        Raises StoreError when the claim holds other CPUs, or when the CPUs are not all in
-        the shared pool (held by another claim, reserved, or outside the machine).
+        Raises StoreError when the claim holds other CPUs, or when the CPUs are not all
+        free (held by another claim, pending, reserved, or outside the machine). With
+        ``pending`` the claim waits for ``commit`` (or ``discard``) before it is prepared.
         """
         uid = record.uid
-        old = self._claims.get(uid)
+        old = self._claims.get(uid) or self._pending.get(uid)
         if old is not None:
             if old.cpus == record.cpus:
                 return False
@@ -160,17 +179,49 @@ class AllocationStore:
                 f"claim {go_quote(uid)} is already prepared with CPUs "
                 f"{go_quote(old.cpus.format())} (requested {go_quote(record.cpus.format())})"
             )
-        if not record.cpus <= self.shared_pool:
+        if not record.cpus <= self.free:
             raise StoreError(
                 f"claim {go_quote(uid)} has overlapping CPU assignment "
                 f"{go_quote(record.cpus.format())}"
             )
-        self._claims[uid] = record
-        self._prepared |= record.cpus
+        if pending:
+            self._pending[uid] = record
+            self._pending_cpus |= record.cpus
+        else:
+            self._claims[uid] = record
+            self._prepared |= record.cpus
         return True
+
+    def commit(self, claim_uid: str) -> ClaimRecord | None:
+        """A pending claim becomes prepared; returns it (None when it was not pending)."""
+        record = self._pending.pop(claim_uid, None)
+        if record is None:
+            return None
+        self._pending_cpus -= record.cpus
+        self._claims[claim_uid] = record
+        self._prepared |= record.cpus
+        return record
+
+    def discard(self, claim_uid: str) -> None:
+        """Drop a pending claim (its prepare failed); nobody ever saw it."""
+        record = self._pending.pop(claim_uid, None)
+        if record is not None:
+            self._pending_cpus -= record.cpus
+
+    def begin_release(self, claim_uid: str) -> ClaimRecord | None:
+        """Leave a prepared claim out of the next checkpoint; it stays prepared meanwhile."""
+        record = self._claims.get(claim_uid)
+        if record is not None:
+            self._releasing.add(claim_uid)
+        return record
+
+    def cancel_release(self, claim_uid: str) -> None:
+        """The checkpoint without the claim could not be written: keep it as it was."""
+        self._releasing.discard(claim_uid)
 
     def release(self, claim_uid: str) -> CPUSet:
         """Forget a claim; returns the CPUs it held (empty for an unknown claim)."""
+        self._releasing.discard(claim_uid)
         record = self._claims.pop(claim_uid, None)
         if record is None:
             return CPUSet()

@@ -21,11 +21,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from dracpu.cgroupfs.paths import CgroupLayout, CgroupPathError, detect_layout, resolve
 from dracpu.cpuset import CPUSet, CPUSetParseError
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed, FallbackResult
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 
 __all__ = [
@@ -215,6 +216,16 @@ class _SetCache:
     values: dict[str, CPUSet | None] = field(default_factory=dict)
 
 
+class FallbackResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What the fallback did with one ``CpusetUpdateFailed`` (``apply_fallback``'s result,
+    also sent to the optional ``results`` channel of ``run_fallback``)."""
+
+    container_id: str
+    cpus: str
+    ok: bool
+    error: str = ""
+
+
 class CgroupWriter:
     """Writes containers' cpusets straight into cgroupfs.
 
@@ -231,7 +242,11 @@ class CgroupWriter:
         self.cgroup_root = cgroup_root
         self.metrics = metrics
         self._layout = layout
+        # cgroups path -> directory. Resolved in worker threads (the fallback loop and the
+        # watcher both write from them), so the cache has a lock of its own; it is bounded,
+        # and forgets a path whose directory has gone.
         self._paths: dict[str, str] = {}
+        self._paths_lock = threading.Lock()
         # The fallback loop and the watcher write from worker threads; a parent's widening
         # is read-modify-write, so two writes must not interleave.
         self._lock = threading.Lock()
@@ -245,16 +260,20 @@ class CgroupWriter:
 
     def directory_of(self, cgroups_path: str) -> str:
         """The container's cgroup directory (cached; refuses escapes)."""
-        directory = self._paths.get(cgroups_path)
+        with self._paths_lock:
+            directory = self._paths.get(cgroups_path)
         if directory is None:
             directory = resolve(self.layout, cgroups_path)
-            if len(self._paths) >= _PATH_CACHE_LIMIT:
-                self._paths.clear()
-            self._paths[cgroups_path] = directory
+            with self._paths_lock:
+                if len(self._paths) >= _PATH_CACHE_LIMIT:
+                    self._paths.clear()
+                self._paths[cgroups_path] = directory
         return directory
 
     def forget(self, cgroups_path: str) -> None:
-        self._paths.pop(cgroups_path, None)
+        """Drop a cached path whose directory is gone (any thread)."""
+        with self._paths_lock:
+            self._paths.pop(cgroups_path, None)
 
     def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then

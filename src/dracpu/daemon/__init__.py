@@ -1,6 +1,6 @@
 """The node daemon (`dracpu run`): services, their start order, and the node's state.
 
-``lean_kubernetes_import`` is for the daemon's own process only (``cli._start_daemon``
+``lean_kubernetes_import`` is for the daemon's own process only (``dracpu.cli.run.start_daemon``
 calls it before anything imports ``kubernetes``); importing this package does nothing else.
 """
 

@@ -6,17 +6,16 @@ NRI session side by side, neither waiting for the other, with the cgroupfs fallb
 and drift watcher beside them → ResourceSlice publication. ``/readyz`` turns ready once the
 kubelet registered the plugin, the runtime synchronized and the slices are published.
 
-The allocation stores have one owner, ``NodeState``. The kubelet service and the NRI plugin
-call their synchronous methods; this module adds the glue between them: after a prepare
-or unprepare changes the shared pool, a task of its own sends the shared containers their
-new cpuset (never from inside an NRI request), and changes that arrive through NRI
-Synchronize are checkpointed too.
+The allocation state has one owner, ``NodeState`` (``dracpu.state``). The kubelet service
+and the NRI plugin change it through its methods; what changed reaches the other services
+as messages: ``ClaimsChanged`` to the checkpoint writer, ``SharedPoolChanged`` to the pool
+pusher, ``CpusetUpdateFailed`` from the NRI session to the cgroupfs fallback writer
+(docs/dev/architecture.md draws each channel).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -24,14 +23,12 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from dracpu import DRIVER_NAME, cdi
 from dracpu.allocation.store import AllocationStore
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
-from dracpu.config import DriverConfig, config_fingerprint, parse_reserved_cpus
+from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse_reserved_cpus
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.recovery import RecoveryPlan
-from dracpu.daemon.state import NodeState, read_boot_id
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
 from dracpu.http.address import parse_bind_address
 from dracpu.http.app import HTTPApp
@@ -49,8 +46,10 @@ from dracpu.logs import get_logger
 from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
+from dracpu.nri.pusher import PoolPusher
 from dracpu.nri.session import NRISession
 from dracpu.nursery.supervisor import Service, Supervisor
+from dracpu.state import CheckpointFile, NodeState, read_boot_id
 from dracpu.topology.discover import discover_from_root
 from dracpu.topology.model import Topology
 
@@ -61,8 +60,6 @@ log = get_logger("dracpu.daemon")
 READY_REGISTRATION = "kubelet-registration"
 READY_NRI = "nri"
 READY_SLICES = "slices"
-# How often changes made outside prepare/unprepare (NRI Synchronize) reach the checkpoint.
-PERSIST_POLL = 1.0
 # How long to wait for the kubelet's registration before saying so in the log (§7).
 REGISTRATION_WAIT = 30.0
 # Shorter than the supervisor's 5 s so a draining gRPC server is never abandoned.
@@ -99,6 +96,7 @@ class Daemon:
         self.topology: Topology | None = None
         self.inventory: DeviceInventory | None = None
         self.state: NodeState | None = None
+        self.checkpoint: CheckpointFile | None = None
         self.recovery: RecoveryPlan | None = None
         self.kubelet: KubeletPlugin | None = None
         self.session: NRISession | None = None
@@ -114,7 +112,6 @@ class Daemon:
             readiness=self.readiness,
             readiness_reasons=self.readiness_reasons,
         )
-        self._pool_changed = trio.Event()
         self._failed_send, self._failed_recv = trio.open_memory_channel[CpusetUpdateFailed](256)
 
     # -- readiness and debug state ------------------------------------------------------
@@ -175,9 +172,10 @@ class Daemon:
                 }
                 for r in sorted(store.records(), key=lambda r: r.uid)
             ]
+        if self.checkpoint is not None:
             doc["checkpoint"] = {
-                "writes": self.state.checkpoint_writes,
-                "lastError": self.state.last_error or None,
+                "writes": self.checkpoint.writes,
+                "lastError": self.checkpoint.last_error or None,
             }
         if self.plugin is not None:
             doc["containers"] = [
@@ -237,12 +235,18 @@ class Daemon:
         self.topology = topo
         self.inventory = inventory
         store = AllocationStore(topo.all_cpus - reserved, reserved)
+
+        def mems_of(cpus: CPUSet) -> str:
+            return CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
+
         self.state = NodeState(
-            store=store,
-            state_dir=cfg.stateDir,
+            store, metrics=self.metrics, mems_of=mems_of if cfg.alignMemory else None
+        )
+        self.checkpoint = CheckpointFile(
+            self.state,
+            cfg.stateDir,
             boot_id=read_boot_id(self.proc_root),
             config_fingerprint=config_fingerprint(cfg),
-            metrics=self.metrics,
         )
         log.info(
             "discovered CPU topology",
@@ -254,18 +258,11 @@ class Daemon:
         )
 
     def _restore(self) -> None:
-        assert self.state is not None
+        assert self.checkpoint is not None
         try:
-            self.recovery = self.state.restore(self.config.cdiDir)
+            self.recovery = self.checkpoint.restore(self.config.cdiDir)
         except Exception as exc:
             raise DaemonError(f"driver failed to restore its state: {exc}") from exc
-
-    def _pool_changed_now(self) -> None:
-        self._pool_changed.set()
-
-    def _claims_key(self) -> tuple[tuple[str, int], ...]:
-        assert self.state is not None
-        return tuple((r.uid, r.cpus.mask) for r in self.state.store.records())
 
     async def startup(self, sup: Supervisor) -> None:
         """Start every service in order; ``run_daemon(daemon.startup)`` runs the daemon."""
@@ -287,79 +284,74 @@ class Daemon:
 
         await trio.to_thread.run_sync(self._build_node)
         await trio.to_thread.run_sync(self._restore)
-        assert self.state is not None and self.topology is not None
-        assert self.inventory is not None
-        state, topo, inventory = self.state, self.topology, self.inventory
+        assert self.state is not None and self.checkpoint is not None
+        # Prepares and unprepares wait for the checkpoint writer: it runs before them.
+        await sup.start(
+            Service(
+                name="checkpoint",
+                run=partial(self.checkpoint.run, self.state.claims_changes()),
+            )
+        )
+        self._build_services()
+        assert self.kubelet and self.plugin and self.session and self.writer and self.watcher
+        pusher = PoolPusher(self.state.pool_changes(), self.plugin, self.session, self.watcher)
+        services = [
+            Service(name="kubelet", run=self.kubelet.run),
+            Service(name="registration", run=self._watch_registration),
+            Service(name="nri", run=self.session.run),
+            Service(
+                name="cgroup-fallback", run=partial(self.writer.run_fallback, self._failed_recv)
+            ),
+            Service(name="drift", run=self.watcher.run),
+            Service(name="pool", run=pusher.run),
+        ]
+        # Kubelet sockets and NRI side by side: neither waits for the other.
+        async with trio.open_nursery() as nursery:
+            for service in services:
+                nursery.start_soon(sup.start, service)
+        await sup.start(Service(name="slices", run=self._run_slices))
+        self.main_app.mark_started()
+        log.info("driver started", node=self.node_name)
 
+    def _build_services(self) -> None:
+        """The kubelet plugin, the NRI plugin and session, the cgroupfs writer and watcher."""
+        cfg = self.config
+        state, topo, inventory = self.state, self.topology, self.inventory
+        assert state is not None and topo is not None and inventory is not None
+        paths = kubelet_paths(cfg)
         dra = DRAService(
             claims=ApiClaimSource(self.kube, pool=self.node_name),
-            store=state.store,
+            state=state,
             inventory=inventory,
             topology=topo,
             online=topo.online,
             cdi_dir=cfg.cdiDir,
             metrics=self.metrics,
             node_name=self.node_name,
-            persist=state.persist,
-            on_change=self._pool_changed_now,
-            tracker=state.tracker,
             # Device metadata for the workload, as upstream's kubelet-plugin helper writes.
-            plugin_data_dir=os.path.join(cfg.kubeletRootDir, "plugins", DRIVER_NAME),
+            plugin_data_dir=paths.plugin_dir,
         )
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]
         )
         self.kubelet = KubeletPlugin(cfg.kubeletRootDir, dra, health, grace_period=GRPC_GRACE)
         self.writer = CgroupWriter(cfg.cgroupRoot, metrics=self.metrics)
-        writer = self.writer
-        self.plugin = NRIPlugin(
-            store=state.store,
-            tracker=state.tracker,
-            containers=state.containers,
-            claim_cpus_from_cdi=lambda: cdi.read_claim_specs(cfg.cdiDir).claims,
-            on_forget=lambda record: writer.forget(record.cgroups_path),
-            align_memory=cfg.alignMemory,
-            mems_of=lambda cpus: CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format(),
-        )
+        self.plugin = NRIPlugin(state)
         self.session = NRISession(
             cfg.nriSocket,
             self.plugin,
+            cdi_dir=cfg.cdiDir,
             failed_updates=self._failed_send,
             metrics=self.metrics,
         )
-        plugin = self.plugin
         self.watcher = DriftWatcher(
             self.writer,
-            plugin.intents,
-            lambda: plugin.shared_pool.format(),
+            self.plugin.intents,
+            lambda: state.shared_pool.format(),
             interval=self.drift_interval,
             metrics=self.metrics,
-            confine_unknown=lambda: plugin.has_synchronized,
+            confine_unknown=lambda: state.has_synchronized,
         )
-        # Kubelet sockets and NRI side by side: neither waits for the other.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partial(sup.start, Service(name="kubelet", run=self.kubelet.run)))
-            nursery.start_soon(
-                partial(sup.start, Service(name="registration", run=self._watch_registration))
-            )
-            nursery.start_soon(partial(sup.start, Service(name="nri", run=self.session.run)))
-            nursery.start_soon(
-                partial(
-                    sup.start,
-                    Service(
-                        name="cgroup-fallback",
-                        run=partial(writer.run_fallback, self._failed_recv),
-                    ),
-                )
-            )
-            nursery.start_soon(partial(sup.start, Service(name="drift", run=self.watcher.run)))
-            nursery.start_soon(partial(sup.start, Service(name="pool", run=self._follow_pool)))
-            nursery.start_soon(
-                partial(sup.start, Service(name="checkpoint", run=self._persist_changes))
-            )
-        await sup.start(Service(name="slices", run=self._run_slices))
-        self.main_app.mark_started()
-        log.info("driver started", node=self.node_name)
 
     # -- long-lived glue tasks ----------------------------------------------------------
 
@@ -382,43 +374,6 @@ class Daemon:
                 log.warning("plugin not registered yet", err=str(exc))
                 continue
             await trio.sleep_forever()
-
-    async def _follow_pool(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Send the shared containers the new pool after a prepare or unprepare."""
-        assert self.plugin is not None and self.session is not None
-        task_status.started()
-        while True:
-            await self._pool_changed.wait()
-            self._pool_changed = trio.Event()
-            updates = self.plugin.shared_pool_updates()
-            if updates:
-                failed = await self.session.update_containers(updates)
-                log.info(
-                    "shared pool pushed to containers",
-                    pool=self.plugin.shared_pool.format(),
-                    containers=len(updates),
-                    failed=len(failed),
-                    v=2,
-                )
-            if self.watcher is not None:
-                self.watcher.poke()
-
-    async def _persist_changes(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Checkpoint claims that NRI Synchronize adopted from running containers."""
-        assert self.state is not None
-        last = self._claims_key()
-        task_status.started()
-        while True:
-            await trio.sleep(PERSIST_POLL)
-            key = self._claims_key()
-            if key != last:
-                await self.state.persist()
-                self.state.refresh_gauges()
-                last = key
 
     async def _run_slices(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -10,7 +10,6 @@ from dracpu.kubelet.dra import (
     ClaimUnprepareResult,
     DRAService,
     PreparedDeviceReply,
-    restore_claims,
 )
 from dracpu.kubelet.health import HealthReport, HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
@@ -35,5 +34,4 @@ __all__ = [
     "PreparedDeviceReply",
     "RegistrationError",
     "RegistrationService",
-    "restore_claims",
 ]

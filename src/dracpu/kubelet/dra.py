@@ -5,18 +5,20 @@
 serves them on both DRA API versions (v1 and v1beta1) from the generated ``__mapping__()``.
 
 Prepare reads every claim first (outside the lock, as the Go helper does), then, one call
-at a time: plan (pure) -> reserve in the store -> write the CDI spec -> persist -> reply.
-Reserving before any file I/O, under one lock, with the store re-checking overlap itself,
-is what keeps a CPU from ever being handed out twice (§8.7). Every claim-level failure
-leaves the store as §8.6 says: a new claim is released again, an already prepared one
-keeps its CPUs.
+at a time: plan (pure) -> reserve as pending with the state owner -> write the CDI spec ->
+wait for the checkpoint -> commit -> reply. Reserving before any file I/O, with the store
+re-checking overlap itself, is what keeps a CPU from ever being handed out twice (§8.7);
+committing only after both files are on disk is what keeps NRI from pinning a container
+to CPUs a failed prepare takes back. Every claim-level failure leaves the state as §8.6
+says: a new claim is dropped again, an already prepared one keeps its CPUs. An unprepare
+keeps the claim until the checkpoint without it is on disk.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -30,11 +32,8 @@ from dracpu.allocation.prepare import (
     DeviceNames,
     PrepareError,
     cdi_device_id,
-    commit_plan,
     plan_claim,
-    rollback,
 )
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, StoreError
 from dracpu.cdi import (
     CDIError,
     check_claim_uid,
@@ -53,6 +52,7 @@ from dracpu.proto.dra.v1 import api_grpc as v1_grpc
 from dracpu.proto.dra.v1 import api_pb2 as v1_pb
 from dracpu.proto.dra.v1beta1 import api_grpc as v1beta1_grpc
 from dracpu.proto.dra.v1beta1 import api_pb2 as v1beta1_pb
+from dracpu.state.owner import NodeState, StateFileError
 from dracpu.topology.model import Topology
 
 __all__ = [
@@ -62,12 +62,10 @@ __all__ = [
     "ClaimUnprepareResult",
     "DRAService",
     "PreparedDeviceReply",
-    "restore_claims",
 ]
 
 log = logging.getLogger(__name__)
 
-Persist = Callable[[], Awaitable[None]]
 T = TypeVar("T")
 
 # The kubelet sends the claims of one pod per call; a pod names a few at most. The cap keeps
@@ -129,21 +127,6 @@ def _reply_devices(claim: ClaimAllocation, plan: ClaimPlan) -> tuple[PreparedDev
     return tuple(devices)
 
 
-def restore_claims(store: AllocationStore, claims: Mapping[str, CPUSet]) -> list[str]:
-    """Put claims found on disk (CDI specs, a checkpoint) back into an empty store.
-
-    Returns one message per claim that could not be restored (e.g. two specs claiming the
-    same CPU); the others are restored.
-    """
-    errors = []
-    for uid, cpus in claims.items():
-        try:
-            store.reserve(ClaimRecord(uid=uid, cpus=cpus))
-        except StoreError as exc:
-            errors.append(str(exc))
-    return errors
-
-
 class DRAService:
     """Prepare and unprepare, serialized; see the module docstring for the order of work."""
 
@@ -151,36 +134,29 @@ class DRAService:
         self,
         *,
         claims: ClaimSource,
-        store: AllocationStore,
+        state: NodeState,
         inventory: DeviceNames,
         topology: Topology,
         online: CPUSet,
         cdi_dir: str,
         metrics: DriverMetrics,
         node_name: str,
-        persist: Persist | None = None,
-        on_change: Callable[[], None] | None = None,
-        tracker: ClaimTracker | None = None,
         offload_io: bool | None = None,
         plugin_data_dir: str | None = None,
     ) -> None:
         self.claims = claims
-        self.store = store
+        self.state = state
         self.inventory = inventory
         self.topology = topology
         self.online = online
         self.cdi_dir = cdi_dir
         self.metrics = metrics
         self.node_name = node_name
-        self._persist = persist
-        self._on_change = on_change
-        self._tracker = tracker
         self._serial = Serializer()
         # None: decided at the first write, in a worker thread unless on tmpfs.
         self._offload_io = offload_io
         # Device metadata (§10.3) is written when the plugin's data dir is given.
         self.plugin_data_dir = plugin_data_dir
-        self.refresh_gauges()
 
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
@@ -202,19 +178,6 @@ class DRAService:
                 ref.uid,
             )
 
-    def _changed(self) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change()
-        except Exception:
-            # The claims are done and answered for; a failed notification is the
-            # daemon's to report, not the kubelet's.
-            log.exception("on_change callback failed")
-
-    def refresh_gauges(self) -> None:
-        self.metrics.show_store(self.store.snapshot())
-
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
         """Prepare every claim; the result holds exactly the requested UIDs.
@@ -226,20 +189,16 @@ class DRAService:
             allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
             results: dict[str, ClaimPrepareResult] = {}
             async with self._serial.lock():
-                changed = False
                 for ref, claim in zip(claims, allocations, strict=True):
                     started = time.perf_counter()
-                    result, new = await self._prepare_claim(claim)
+                    result = await self._prepare_claim(claim)
                     self.metrics.prepare_duration.observe(time.perf_counter() - started)
                     self.metrics.count_prepare("error" if result.error else "success")
                     results[ref.uid] = result
-                    changed |= new
-                if changed:
-                    self._changed()
             return results
 
-    async def _prepare_claim(self, claim: ClaimAllocation) -> tuple[ClaimPrepareResult, bool]:
-        """One claim; returns its result and whether the store changed."""
+    async def _prepare_claim(self, claim: ClaimAllocation) -> ClaimPrepareResult:
+        """One claim: plan, reserve as pending, write, wait for the checkpoint, commit."""
         where = f"{claim.namespace}/{claim.name}"
         try:
             check_claim_uid(claim.uid)
@@ -247,23 +206,23 @@ class DRAService:
                 claim,
                 inventory=self.inventory,
                 topology=self.topology,
-                store=self.store,
+                store=self.state.store,
                 online=self.online,
             )
         except (PrepareError, CDIError) as exc:
             log.info("prepare of claim %s failed: %s", where, exc)
-            return ClaimPrepareResult(error=str(exc)), False
+            return ClaimPrepareResult(error=str(exc))
         if plan.is_empty:
-            return ClaimPrepareResult(), False
+            return ClaimPrepareResult()
         with shielded():
             try:
-                new = commit_plan(self.store, plan)
+                new = self.state.begin_prepare(plan)
             except PrepareError as exc:
-                return ClaimPrepareResult(error=str(exc)), False
+                return ClaimPrepareResult(error=str(exc))
             error = await self._write_and_persist(claim, plan, new)
         if error:
             log.info("prepare of claim %s failed: %s", where, error)
-            return ClaimPrepareResult(error=error), False
+            return ClaimPrepareResult(error=error)
         if new:
             log.info(
                 "reserved allocation for resource claim claim=%s uid=%s cpus=%s",
@@ -272,11 +231,10 @@ class DRAService:
                 plan.cpus,
             )
             self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
-            self.refresh_gauges()
         devices = _reply_devices(claim, plan)
         if self.plugin_data_dir is not None:
             devices = await self._with_metadata(claim, plan, devices)
-        return ClaimPrepareResult(devices=devices), new
+        return ClaimPrepareResult(devices=devices)
 
     async def _with_metadata(
         self, claim: ClaimAllocation, plan: ClaimPlan, devices: tuple[PreparedDeviceReply, ...]
@@ -298,23 +256,26 @@ class DRAService:
         return tuple(out)
 
     async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
-        """The file half of a prepare; on failure undo it per §8.6 and return the error."""
+        """The file half of a prepare, then the commit; on failure undo it per §8.6 and
+        return the error. A new claim stays pending (invisible) until both files are on
+        disk, so nothing can have used its CPUs when it is dropped."""
         try:
             await self._file_io(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
         except CDIError as exc:
-            rollback(self.store, plan)
+            self.state.abort_prepare(plan)
             return str(exc)
-        if not new or self._persist is None:
+        if not new:
             return ""
         try:
-            await self._persist()
-        except Exception as exc:
-            rollback(self.store, plan)
+            await self.state.make_durable("prepare")
+        except StateFileError as exc:
+            self.state.abort_prepare(plan)
             try:
                 await self._file_io(remove_claim_spec, self.cdi_dir, claim.uid)
             except CDIError as rm_exc:
                 log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
             return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
+        self.state.finish_prepare(plan)
         return ""
 
     # -- unprepare ----------------------------------------------------------------------
@@ -323,53 +284,46 @@ class DRAService:
         with operation("unpreparing resource claims", v=4, claims=len(claims)):
             results: dict[str, ClaimUnprepareResult] = {}
             async with self._serial.lock():
-                changed = False
                 for ref in claims:
                     with shielded():
-                        error, released = await self._unprepare_claim(ref)
+                        error = await self._unprepare_claim(ref)
                     self.metrics.count_unprepare("error" if error else "success")
                     results[ref.uid] = ClaimUnprepareResult(error=error)
-                    changed |= released
-                if changed:
-                    self._changed()
             return results
 
-    async def _unprepare_claim(self, ref: ClaimRef) -> tuple[str, bool]:
-        record = self.store.get(ref.uid)
+    async def _unprepare_claim(self, ref: ClaimRef) -> str:
+        record = self.state.store.get(ref.uid)
         try:
             check_claim_uid(ref.uid)
         except CDIError as exc:
             # No spec can exist under such a name; a claim we never had is simply done.
-            return ("", False) if record is None else (str(exc), False)
+            return "" if record is None else str(exc)
         try:
             await self._file_io(remove_claim_spec, self.cdi_dir, ref.uid)
         except CDIError as exc:
             log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-            return str(exc), False
+            return str(exc)
         if record is None:
             await self._remove_metadata(ref)
-            return "", False
-        self.store.release(ref.uid)
-        if self._persist is not None:
+            return ""
+        self.state.begin_unprepare(ref.uid)
+        try:
+            await self.state.make_durable("unprepare")
+        except StateFileError as exc:
+            # Keep memory, disk and checkpoint in agreement: the claim stays prepared
+            # and the kubelet retries the unprepare.
+            self.state.abort_unprepare(ref.uid)
             try:
-                await self._persist()
-            except Exception as exc:
-                # Keep memory, disk and checkpoint in agreement: the claim stays prepared
-                # and the kubelet retries the unprepare.
-                self.store.reserve(record)
-                try:
-                    await self._file_io(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
-                except CDIError as write_exc:
-                    log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
-                return f"failed to record claim {ref.namespace}/{ref.name}: {exc}", False
-        if self._tracker is not None:
-            self._tracker.release([ref.uid])
+                await self._file_io(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
+            except CDIError as write_exc:
+                log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
+            return f"failed to record claim {ref.namespace}/{ref.name}: {exc}"
+        self.state.finish_unprepare(ref.uid)
         await self._remove_metadata(ref)
         log.info(
             "unprepared claim %s/%s uid=%s cpus=%s", ref.namespace, ref.name, ref.uid, record.cpus
         )
-        self.refresh_gauges()
-        return "", True
+        return ""
 
     # -- gRPC -----------------------------------------------------------------------------
     def handlers_v1(self) -> dict[str, Handler]:

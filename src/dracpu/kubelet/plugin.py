@@ -16,6 +16,7 @@ from functools import partial
 import trio
 
 from dracpu import DRIVER_NAME
+from dracpu.config import kubelet_paths_under
 from dracpu.grpc import serve_unix
 from dracpu.grpc.server import DEFAULT_GRACE_PERIOD
 from dracpu.kubelet.dra import DRAService
@@ -46,10 +47,11 @@ class KubeletPlugin:
         grace_period: float = DEFAULT_GRACE_PERIOD,
     ) -> None:
         self.kubelet_root = kubelet_root
-        self.registrar_dir = os.path.join(kubelet_root, "plugins_registry")
-        self.plugin_dir = os.path.join(kubelet_root, "plugins", driver_name)
-        self.registration_socket = os.path.join(self.registrar_dir, f"{driver_name}-reg.sock")
-        self.dra_socket = os.path.join(self.plugin_dir, "dra.sock")
+        paths = kubelet_paths_under(kubelet_root, driver_name)
+        self.registrar_dir = paths.registrar_dir
+        self.plugin_dir = paths.plugin_dir
+        self.registration_socket = paths.registrar_socket
+        self.dra_socket = paths.dra_socket
         self.dra = dra
         self.health = health
         self.registration = registration or RegistrationService(

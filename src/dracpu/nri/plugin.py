@@ -1,9 +1,9 @@
 """What the NRI plugin decides for each runtime event (behavior.md §13), without I/O.
 
 `NRIPlugin` turns a runtime event into a decision: the cpuset of a container being created
-and the updates other containers need. It works on the three allocation stores it is given
-(the daemon's single state owner passes them in) and never awaits, so a Trio shell
-(`dracpu.nri.session`) can call it from inside a runtime request.
+and the updates other containers need. It reads the daemon's state owner (`NodeState`),
+changes it only through the owner's methods, and never awaits, so the NRI handlers can call
+it from inside a runtime request.
 
 Inputs are the NRI protobuf messages themselves (`api_pb2.PodSandbox`, `api_pb2.Container`):
 the plugin reads only `pod.id`, `pod.uid`, `container.id`, `container.pod_sandbox_id`,
@@ -22,7 +22,8 @@ wipes the allocation store and rebuilds it from container env, so a claim prepar
 running is forgotten and its container later fails with "not prepared by this driver".
 dracpu keeps every claim already in the store (they come from kubelet prepares or from the
 daemon's checkpoint) and only *adds* claims that running containers carry and the store lacks,
-after checking them against the CDI specs on disk (``claim_cpus_from_cdi``). A container whose
+after checking them against the CDI specs on disk (read by the caller off the Trio thread
+when ``needs_cdi_specs`` says so). A container whose
 env disagrees with the prepared CPUs of one of its claims (store or CDI) is treated as forged:
 its claims are ignored and it is confined to the shared pool (logged). Synchronize never
 aborts: a claim found in a second container, or a CDI claim overlapping CPUs already held, is
@@ -35,30 +36,22 @@ skipped during Synchronize (no state, no update), exactly as upstream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
-from dracpu.allocation.store import (
-    AllocationStore,
-    ClaimRecord,
-    ClaimTracker,
-    ContainerRecord,
-    ContainerState,
-    OwnerError,
-    StoreError,
-)
+from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
+from dracpu.allocation.store import ClaimTracker, ContainerRecord, OwnerError, StoreError
 from dracpu.cpuset import CPUSet
 from dracpu.gofmt import go_quote
 from dracpu.messages import ContainerIntent
 from dracpu.proto.nri import api_pb2
+from dracpu.state.owner import NodeState
 
 __all__ = [
     "EMPTY_SHARED_POOL",
     "CreateDecision",
     "NRIPlugin",
     "NRIPluginError",
-    "Update",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,40 +64,12 @@ class NRIPluginError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Update:
-    """A cpuset change for an existing container (sent in a reply or in UpdateContainers).
-
-    ``mems`` is empty unless memory alignment is on (empty = leave ``cpuset.mems`` alone).
-    ``ignore_failure`` is set on best-effort updates of other containers, which may be
-    exiting (protocols.md 6.6).
-    """
-
-    container_id: str
-    cpus: CPUSet
-    mems: str = ""
-    cgroups_path: str = ""
-    pod_uid: str = ""
-    name: str = ""
-    ignore_failure: bool = False
-
-    def intent(self) -> ContainerIntent:
-        return ContainerIntent(
-            container_id=self.container_id,
-            cgroups_path=self.cgroups_path,
-            cpus=self.cpus.format(),
-            mems=self.mems,
-            pod_uid=self.pod_uid,
-            name=self.name,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class CreateDecision:
     """The reply to CreateContainer: the new container's cpuset and other containers' updates."""
 
     cpus: CPUSet
     mems: str = ""
-    updates: list[Update] = field(default_factory=list)
+    updates: list[ContainerIntent] = field(default_factory=list)
     claim_uids: tuple[str, ...] = ()
 
 
@@ -115,72 +80,49 @@ def _cgroups_path(container: api_pb2.Container) -> str:
 class NRIPlugin:
     """Event -> decision, over the daemon's allocation stores (see the module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        store: AllocationStore,
-        tracker: ClaimTracker,
-        containers: ContainerState,
-        claim_cpus_from_cdi: Callable[[], Mapping[str, CPUSet]],
-        align_memory: bool = False,
-        mems_of: Callable[[CPUSet], str] | None = None,
-        on_forget: Callable[[ContainerRecord], None] | None = None,
-    ) -> None:
-        """``on_forget`` hears of every container record dropped (stopped, removed, or
-        replaced by a new container of the same name), so per-container caches elsewhere
-        (the cgroup writer's paths) do not outlive the container."""
-        if align_memory and mems_of is None:
-            raise ValueError("align_memory needs mems_of to map CPUs to NUMA nodes")
-        self._store = store
-        self._tracker = tracker
-        self._containers = containers
-        self._claim_cpus_from_cdi = claim_cpus_from_cdi
-        self._mems_of = mems_of if align_memory else None
-        self._on_forget = on_forget
-        # Until the runtime's first Synchronize this plugin knows none of the containers
-        # already running: the drift watcher must not take them for strangers.
-        self.has_synchronized = False
-
-    def _forgotten(self, record: ContainerRecord | None) -> None:
-        if record is not None and self._on_forget is not None:
-            self._on_forget(record)
+    def __init__(self, state: NodeState) -> None:
+        self._state = state
 
     # -- queries ----------------------------------------------------------------------------
     @property
     def shared_pool(self) -> CPUSet:
-        return self._store.shared_pool
+        return self._state.shared_pool
 
     def knows(self, container_id: str) -> bool:
         """Whether the container is one this plugin still tracks (not stopped or removed)."""
-        return container_id in self._containers
+        return container_id in self._state.containers
 
-    def _mems(self, cpus: CPUSet) -> str:
-        return self._mems_of(cpus) if self._mems_of is not None and cpus else ""
-
-    def _claims_cpus(self, claim_uids: Iterable[str]) -> CPUSet:
-        cpus = CPUSet()
-        for uid in claim_uids:
-            held = self._store.cpus_of(uid)
-            if held is not None:
-                cpus |= held
-        return cpus
+    def needs_cdi_specs(self, containers: Sequence[api_pb2.Container]) -> bool:
+        """Whether a container carries a claim the store lacks: then Synchronize checks it
+        against the CDI specs on disk, which the caller reads (off the Trio thread) first."""
+        store = self._state.store
+        for container in containers:
+            for entry in container.env:
+                if not entry.startswith(DRA_ENV_KEY_PREFIX):
+                    continue
+                uid = entry.partition("=")[0][len(DRA_ENV_KEY_PREFIX) :]
+                if uid not in store:
+                    return True
+        return False
 
     def _shared_records(self) -> list[ContainerRecord]:
-        by_id = {r.container_id: r for r in self._containers if r.is_shared}
-        return [by_id[cid] for cid in self._containers.shared_container_ids() if cid in by_id]
+        containers = self._state.containers
+        by_id = {r.container_id: r for r in containers if r.is_shared}
+        return [by_id[cid] for cid in containers.shared_container_ids() if cid in by_id]
 
-    def _shared_updates(self, exclude: str = "") -> list[Update]:
-        pool = self._store.shared_pool
+    def _shared_updates(self, exclude: str = "") -> list[ContainerIntent]:
+        pool = self._state.shared_pool
         records = [r for r in self._shared_records() if r.container_id != exclude]
         if not records:
             return []
         if not pool:
             log.error("cannot confine %d shared containers: %s", len(records), EMPTY_SHARED_POOL)
             return []
+        cpus = pool.format()
         return [
-            Update(
+            ContainerIntent(
                 container_id=r.container_id,
-                cpus=pool,
+                cpus=cpus,
                 cgroups_path=r.cgroups_path,
                 pod_uid=r.pod_uid,
                 name=r.name,
@@ -189,7 +131,7 @@ class NRIPlugin:
             for r in records
         ]
 
-    def shared_pool_updates(self) -> list[Update]:
+    def shared_pool_updates(self) -> list[ContainerIntent]:
         """Updates moving every shared container to the current shared pool.
 
         Send them (UpdateContainers, from a task of its own) after an unprepare grew the
@@ -204,11 +146,12 @@ class NRIPlugin:
         empty); a claim holder runs on its claims' CPUs (a holder whose claims are all gone
         from the store follows the shared pool).
         """
-        pool = self._store.shared_pool
+        state = self._state
+        pool = state.shared_pool
         out: list[ContainerIntent] = []
-        for record in self._containers:
-            cpus = self._claims_cpus(record.claim_uids) if record.claim_uids else CPUSet()
-            mems = self._mems(cpus) if cpus else ""
+        for record in state.containers:
+            cpus = state.claims_cpus(record.claim_uids) if record.claim_uids else CPUSet()
+            mems = state.mems(cpus)
             if not cpus:
                 cpus = pool
             if not cpus:
@@ -224,11 +167,6 @@ class NRIPlugin:
                 )
             )
         return out
-
-    def _replaced(self, old: ContainerRecord | None, container_id: str) -> None:
-        # A create repeated for the same container id replaces nothing that goes away.
-        if old is not None and old.container_id != container_id:
-            self._forgotten(old)
 
     # -- events -----------------------------------------------------------------------------
     def create_container(
@@ -246,51 +184,45 @@ class NRIPlugin:
             raise NRIPluginError(str(exc)) from None
         cgroups_path = _cgroups_path(container)
         if not claims:
-            pool = self._store.shared_pool
+            pool = self._state.shared_pool
             if not pool:
                 raise NRIPluginError(EMPTY_SHARED_POOL)
-            self._replaced(
-                self._containers.set(
-                    ContainerRecord(
-                        pod_uid=pod.uid,
-                        name=container.name,
-                        container_id=container.id,
-                        cgroups_path=cgroups_path,
-                    )
-                ),
-                container.id,
+            self._state.put_container(
+                ContainerRecord(
+                    pod_uid=pod.uid,
+                    name=container.name,
+                    container_id=container.id,
+                    cgroups_path=cgroups_path,
+                )
             )
             return CreateDecision(cpus=pool)
 
         claim_uids = tuple(claims)
         try:
-            newly_bound = self._tracker.set_owner(pod.uid, container.name, claim_uids)
+            newly_bound = self._state.bind(pod.uid, container.name, claim_uids)
         except OwnerError as exc:
             raise NRIPluginError(str(exc)) from None
         try:
-            self._store.validate(claims)
+            self._state.store.validate(claims)
         except StoreError as exc:
-            self._tracker.release(newly_bound)
+            self._state.unbind(newly_bound)
             raise NRIPluginError(str(exc)) from None
         guaranteed = CPUSet()
         for cpus in claims.values():
             guaranteed |= cpus
-        self._replaced(
-            self._containers.set(
-                ContainerRecord(
-                    pod_uid=pod.uid,
-                    name=container.name,
-                    container_id=container.id,
-                    claim_uids=claim_uids,
-                    cgroups_path=cgroups_path,
-                )
-            ),
-            container.id,
+        self._state.put_container(
+            ContainerRecord(
+                pod_uid=pod.uid,
+                name=container.name,
+                container_id=container.id,
+                claim_uids=claim_uids,
+                cgroups_path=cgroups_path,
+            )
         )
         updates = self._shared_updates(exclude=container.id) if newly_bound else []
         return CreateDecision(
             cpus=guaranteed,
-            mems=self._mems(guaranteed),
+            mems=self._state.mems(guaranteed),
             updates=updates,
             claim_uids=claim_uids,
         )
@@ -302,20 +234,19 @@ class NRIPlugin:
 
         Returns the forgotten record, or None for a stale or unknown event.
         """
-        removed = self._containers.remove(pod.uid, container.name, container.id)
+        removed = self._state.drop_container(pod.uid, container.name, container.id)
         if removed is None:
             log.debug(
                 "ignoring stale or unknown StopContainer event",
                 extra={"container_id": container.id, "pod_uid": pod.uid},
             )
-        self._forgotten(removed)
         return removed
 
     def remove_container(
         self, pod: api_pb2.PodSandbox, container: api_pb2.Container
     ) -> ContainerRecord | None:
         """§13.4: like Stop (usually stale by now); nothing is sent either way."""
-        removed = self._containers.remove(pod.uid, container.name, container.id)
+        removed = self._state.drop_container(pod.uid, container.name, container.id)
         if removed is None:
             log.debug(
                 "ignoring stale or unknown RemoveContainer event",
@@ -328,24 +259,25 @@ class NRIPlugin:
                 container.id,
                 ",".join(removed.claim_uids),
             )
-        self._forgotten(removed)
         return removed
 
     def synchronize(
         self,
         pods: Sequence[api_pb2.PodSandbox],
         containers: Sequence[api_pb2.Container],
-    ) -> list[Update]:
+        cdi_claims: Mapping[str, CPUSet] | None = None,
+    ) -> list[ContainerIntent]:
         """§13.5 with dracpu's deviation (module docstring): rebuild owners and container
         state from the runtime's list, add claims the store lacks, return the updates
-        (claim holders first, then every shared container)."""
+        (claim holders first, then every shared container). ``cdi_claims`` are the claims
+        of the driver's CDI specs on disk (needed when ``needs_cdi_specs``)."""
+        cdi_claims = cdi_claims or {}
         pods_by_id = {pod.id: pod for pod in pods}
-        cdi: Mapping[str, CPUSet] | None = None
         tracker = ClaimTracker()
         records: list[ContainerRecord] = []
         added: dict[str, CPUSet] = {}
-        free = self._store.shared_pool
-        guaranteed_updates: list[Update] = []
+        free = self._state.store.free
+        guaranteed_updates: list[ContainerIntent] = []
 
         for container in containers:
             pod = pods_by_id.get(container.pod_sandbox_id)
@@ -364,13 +296,11 @@ class NRIPlugin:
             forged = False
             pending_adds: dict[str, CPUSet] = {}
             for uid, cpus in env_claims.items():
-                known = self._store.cpus_of(uid)
+                known = self._state.store.cpus_of(uid)
                 if known is None:
                     known = added.get(uid)
                 if known is None:
-                    if cdi is None:
-                        cdi = self._claim_cpus_from_cdi()
-                    known = cdi.get(uid)
+                    known = cdi_claims.get(uid)
                     if known is None:
                         log.warning(
                             "ignoring claim %s of container %s during synchronize: no "
@@ -442,37 +372,15 @@ class NRIPlugin:
             )
             records.append(record)
             guaranteed_updates.append(
-                Update(
+                ContainerIntent(
                     container_id=container.id,
-                    cpus=claim_cpus,
-                    mems=self._mems(claim_cpus),
+                    cpus=claim_cpus.format(),
+                    mems=self._state.mems(claim_cpus),
                     cgroups_path=record.cgroups_path,
                     pod_uid=pod.uid,
                     name=container.name,
                 )
             )
 
-        self._commit_sync(added, tracker, records)
+        self._state.synchronized(added, tracker, records)
         return guaranteed_updates + self._shared_updates()
-
-    def _commit_sync(
-        self, added: Mapping[str, CPUSet], tracker: ClaimTracker, records: list[ContainerRecord]
-    ) -> None:
-        for uid, cpus in added.items():
-            # Checked against the running free set above, so this cannot overlap.
-            self._store.reserve(ClaimRecord(uid=uid, cpus=cpus))
-            log.info("reserved allocation for resource claim %s from its CDI spec", uid)
-        self._tracker.release(list(self._tracker.owners()))
-        by_owner: dict[tuple[str, str], list[str]] = {}
-        for uid, owner in tracker.owners().items():
-            by_owner.setdefault((owner.pod_uid, owner.container_name), []).append(uid)
-        for (pod_uid, name), uids in by_owner.items():
-            self._tracker.set_owner(pod_uid, name, uids)
-        kept = {r.container_id for r in records}
-        for old in list(self._containers):
-            self._containers.remove(old.pod_uid, old.name, old.container_id)
-            if old.container_id not in kept:
-                self._forgotten(old)
-        for record in records:
-            self._containers.set(record)
-        self.has_synchronized = True

@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError, Message
 
 from dracpu.nri.errors import ProtocolError
 from dracpu.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
-from dracpu.nri.session import PLUGIN_SERVICE, RUNTIME_SERVICE, CallFailed, MuxPeer, PeerClosed
+from dracpu.nri.peer import PLUGIN_SERVICE, RUNTIME_SERVICE, CallFailed, MuxPeer, PeerClosed
 from dracpu.nri.ttrpc import (
     MAX_DATA_LENGTH,
     RequestReceived,

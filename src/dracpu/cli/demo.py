@@ -1,0 +1,71 @@
+"""`dracpu demo`: the real daemon against a simulated node, with a scenario applied."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from dracpu.cli.common import CLIError, command_parser, discover, reserved_cpuset, sysfs_root
+
+__all__ = ["cmd_demo"]
+
+
+def _demo_parser() -> argparse.ArgumentParser:
+    p = command_parser(
+        "dracpu demo",
+        "Run the real daemon against a simulated node (API server, scheduler, kubelet, NRI "
+        "runtime and cgroup tree in a temp dir), apply a scenario of Pods and ResourceClaims, "
+        "and print the published devices, each claim's CPUs, each container's cpuset read "
+        "back from the cgroup tree, and a CPU map. Exit 1 when a claim cannot be satisfied.",
+        "dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht --cpu-device-mode grouped",
+    )
+    p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
+    p.add_argument("--scenario", help="YAML stream of Pods and ResourceClaims (default: built in)")
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--cpu-device-mode", choices=("grouped", "individual"), default="grouped")
+    p.add_argument("--group-by", choices=("numanode", "socket", "machine"), default="numanode")
+    p.add_argument("--reserved-cpus", default="", help="CPUs kept out of DRA (e.g. 0-1)")
+    p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
+    return p
+
+
+def cmd_demo(argv: Sequence[str]) -> int:
+    import trio
+
+    from dracpu.demo.runner import DemoError, DemoOptions, run_demo
+    from dracpu.demo.scenario import ScenarioError, default_scenario, load_scenario
+
+    args = _demo_parser().parse_args(argv)
+    root = sysfs_root(args.sysfs_root)
+    topo = discover(root)
+    reserved = reserved_cpuset(args.reserved_cpus)
+    try:
+        if args.scenario:
+            scenario = load_scenario(args.scenario)
+        else:
+            scenario = default_scenario(
+                topo,
+                mode=args.cpu_device_mode,
+                group_by=args.group_by,
+                reserved=len(reserved & topo.all_cpus),
+            )
+    except ScenarioError as err:
+        raise CLIError(str(err)) from err
+    options = DemoOptions(
+        sysfs_root=str(root),
+        topology=topo,
+        scenario=scenario,
+        mode=args.cpu_device_mode,
+        group_by=args.group_by,
+        reserved=args.reserved_cpus,
+        output=args.output,
+        keep_running=args.keep_running,
+    )
+    try:
+        result = trio.run(run_demo, options, sys.stdout)
+    except DemoError as err:
+        raise CLIError(f"demo: {err}") from err
+    for problem in result.problems:
+        print(f"dracpu demo: {problem}", file=sys.stderr)
+    return 1 if result.problems else 0

@@ -1,0 +1,92 @@
+"""`dracpu run` (or `dracpu` with root flags only): the node daemon.
+
+The configuration is resolved as behavior.md §3.3 and §16 say; the daemon then runs until
+SIGTERM/SIGINT (exit 0) or a fatal error (exit 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from dracpu.cli.common import CLIError, host_path, parse_root
+
+if TYPE_CHECKING:
+    from dracpu.config import DriverConfig
+    from dracpu.logs import Logger
+
+__all__ = ["cmd_run", "start_daemon"]
+
+
+def cmd_run(argv: Sequence[str]) -> NoReturn:
+    """`dracpu run [flags]`: the root flags, spelled out after `run`."""
+    parsed = parse_root(argv)
+    if parsed.positionals:
+        raise CLIError(f"run does not accept positional arguments: {' '.join(parsed.positionals)}")
+    start_daemon(parsed.explicit)
+
+
+def _configure_logging(explicit: dict[str, object]) -> Logger:
+    from dracpu.logs import LogSetupError, get_logger, setup_logging
+
+    try:
+        setup_logging(
+            str(explicit.get("log-format", "text")),
+            int(explicit.get("v", 0)),  # type: ignore[call-overload]
+            vmodule=str(explicit.get("vmodule", "")),
+        )
+    except LogSetupError as err:
+        raise CLIError(str(err)) from err
+    return get_logger("dracpu")
+
+
+def _resolve_config(explicit: dict[str, object], log: Logger) -> tuple[DriverConfig, str]:
+    """The effective config and the node name, logged as the Go driver logs them."""
+    from dracpu.config import (
+        ConfigError,
+        config_dump_yaml,
+        deprecated_flags_set,
+        load_config,
+        parse_reserved_cpus,
+        resolve_node_name,
+    )
+
+    for flag, field in deprecated_flags_set(explicit):
+        log.warning("flag is deprecated", flag=flag, driverConfigField=field)
+    try:
+        config = load_config(str(explicit.get("config", "")), explicit)
+        parse_reserved_cpus(config)
+        node_name = resolve_node_name(config)
+    except ConfigError as err:
+        log.error("failed to run", err=f"failed to load configuration: {err}")
+        raise CLIError(f"failed to load configuration: {err}") from err
+    log.info("configuration successfully loaded", config=config_dump_yaml(config))
+    return config, node_name
+
+
+def start_daemon(explicit: dict[str, object]) -> NoReturn:
+    """Resolve the configuration from the explicitly set root flags, then run the daemon."""
+    from dracpu.daemon import lean_kubernetes_import
+
+    lean_kubernetes_import()  # before anything below imports kubernetes
+
+    import trio
+
+    from dracpu.daemon.app import Daemon
+    from dracpu.k8s.client import K8sError, KubeClient
+    from dracpu.nursery.supervisor import run_daemon
+
+    log = _configure_logging(explicit)
+    config, node_name = _resolve_config(explicit, log)
+    try:
+        kube = KubeClient.from_kubeconfig(config.kubeconfig or None)
+    except K8sError as err:
+        log.error("failed to run", err=err)
+        raise CLIError(f"failed to create the Kubernetes client: {err}") from err
+    proc_root = str(host_path("proc"))
+    daemon = Daemon(config, kube=kube, node_name=node_name, proc_root=proc_root)
+    try:
+        code = trio.run(run_daemon, daemon.startup)
+    finally:
+        kube.close()
+    raise SystemExit(code)

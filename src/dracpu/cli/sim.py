@@ -1,0 +1,67 @@
+"""`dracpu sim <part>`: parts of the simulated node run on their own.
+
+Each part is one entry of `SIM_SUBCOMMANDS` (name → handler taking the words after the
+name); the usage line and the unknown-subcommand error list them in that order. A new part
+(such as `dracpu sim fleet`, calling `dracpu.sim.fleet.main(argv)`) is one more entry.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from dracpu.cli.common import CLIError, command_parser
+
+__all__ = ["SIM_SUBCOMMANDS", "cmd_sim"]
+
+
+def _runtime(argv: Sequence[str]) -> int:
+    from dracpu.sim.runtime.__main__ import main as runtime_main
+
+    return runtime_main(list(argv))
+
+
+def _apiserver(argv: Sequence[str]) -> int:
+    import trio
+
+    from dracpu.sim.apiserver import main_apiserver
+
+    p = command_parser(
+        "dracpu sim apiserver",
+        "Serve a loopback Kubernetes API server (resource.k8s.io/v1 slices, claims, device "
+        "classes; v1 nodes and pods) on 127.0.0.1 and write a kubeconfig for it. Runs until "
+        "interrupted; prints its URL when listening.",
+        "dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig && "
+        "kubectl --kubeconfig /tmp/kubeconfig get resourceslices",
+    )
+    p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 = any free)")
+    p.add_argument("--kubeconfig-out", required=True, help="where to write the kubeconfig")
+    args = p.parse_args(argv)
+    try:
+        trio.run(main_apiserver, args.port, args.kubeconfig_out)
+    except OSError as err:
+        raise CLIError(f"sim apiserver: {err}") from err
+    return 0
+
+
+SIM_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "apiserver": _apiserver,
+    "runtime": _runtime,
+}
+
+
+def cmd_sim(argv: Sequence[str]) -> int:
+    supported = ", ".join(SIM_SUBCOMMANDS)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stderr.write(
+            f"usage: dracpu sim {'|'.join(SIM_SUBCOMMANDS)} [flags]\n\n"
+            "Run parts of the simulated node on their own.\n\n"
+            "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
+        )
+        if not argv:
+            raise CLIError(f"sim requires a subcommand; supported subcommands: {supported}")
+        return 0
+    handler = SIM_SUBCOMMANDS.get(argv[0])
+    if handler is None:
+        raise CLIError(f'unknown sim subcommand "{argv[0]}"; supported subcommands: {supported}')
+    return handler(argv[1:])

@@ -1,0 +1,168 @@
+"""The Plugin service's requests as pure steps: request bytes in, reply bytes out.
+
+`PluginHandlers` decodes each runtime request, asks the pure `NRIPlugin` for the decision
+and encodes the reply; it never awaits and touches no socket, so every request can be
+tested (and fuzzed) without a runtime. One object serves one NRI session: it keeps the
+chunks of a split Synchronize (protocols.md 6.7) until the last one arrives. The final
+Synchronize step takes the driver's CDI claims as an argument: the session reads them off
+the Trio thread first, when `NRIPlugin.needs_cdi_specs` says they matter.
+
+Errors: `google.protobuf.message.DecodeError` for undecodable bytes and `NRIPluginError`
+for a refused event; the session turns them into ttrpc statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from google.protobuf.message import Message
+
+from dracpu.cpuset import CPUSet
+from dracpu.messages import ContainerIntent
+from dracpu.nri.plugin import NRIPlugin
+from dracpu.proto.nri import api_pb2
+
+__all__ = ["EVENT_MASK", "PendingSync", "PluginHandlers", "fill_updates"]
+
+log = logging.getLogger(__name__)
+
+
+def _mask(*events: int) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+EVENT_MASK: Final = _mask(
+    api_pb2.CREATE_CONTAINER, api_pb2.STOP_CONTAINER, api_pb2.REMOVE_CONTAINER
+)
+"""The events dracpu handles (0x0608). Synchronize needs no bit; never 0 (= all, 6.5)."""
+
+_MORE: Final = api_pb2.SynchronizeResponse(more=True).SerializeToString()
+
+
+def _serialize(message: Message) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def fill_updates(target: Any, updates: Sequence[ContainerIntent]) -> None:
+    """Append `updates` to a repeated ContainerUpdate field (in place: much faster than
+    building each nested message with keyword arguments, which counts at 1,000 updates)."""
+    for update in updates:
+        message = target.add()
+        message.container_id = update.container_id
+        cpu = message.linux.resources.cpu
+        cpu.cpus = update.cpus
+        if update.mems:
+            cpu.mems = update.mems
+        if update.ignore_failure:
+            message.ignore_failure = True
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSync:
+    """Every chunk of one Synchronize, ready for the decision."""
+
+    pods: list[api_pb2.PodSandbox]
+    containers: list[api_pb2.Container]
+
+
+class PluginHandlers:
+    """Bytes -> decision -> bytes for one NRI session (see the module docstring)."""
+
+    def __init__(self, plugin: NRIPlugin) -> None:
+        self.plugin = plugin
+        self.runtime_name = ""
+        self.runtime_version = ""
+        self._pods: list[api_pb2.PodSandbox] = []
+        self._containers: list[api_pb2.Container] = []
+        self._handlers: dict[str, Callable[[bytes], bytes]] = {
+            "Configure": self._configure,
+            "CreateContainer": self._create_container,
+            "StopContainer": self._stop_container,
+            "RemoveContainer": self._remove_container,
+            "StateChange": self._state_change,
+            "Shutdown": self._shutdown,
+        }
+
+    def handles(self, method: str) -> bool:
+        return method == "Synchronize" or method in self._handlers
+
+    def handle(self, method: str, payload: bytes) -> bytes:
+        """Every request but Synchronize (see `sync_chunk` and `finish_sync`)."""
+        return self._handlers[method](payload)
+
+    # -- Synchronize ------------------------------------------------------------------------
+    def sync_chunk(self, payload: bytes) -> PendingSync | None:
+        """Keep one chunk; None while the runtime says more follow (reply `MORE`)."""
+        request = api_pb2.SynchronizeRequest.FromString(payload)
+        self._pods.extend(request.pods)
+        self._containers.extend(request.containers)
+        if request.more:
+            return None
+        pending = PendingSync(self._pods, self._containers)
+        self._pods, self._containers = [], []
+        return pending
+
+    MORE: Final = _MORE
+    """The reply to a chunk with `more` set: echo it, no updates (6.7)."""
+
+    def finish_sync(self, pending: PendingSync, cdi_claims: Mapping[str, CPUSet]) -> bytes:
+        updates = self.plugin.synchronize(pending.pods, pending.containers, cdi_claims)
+        log.info(
+            "synchronized with %d pods and %d containers: %d updates",
+            len(pending.pods),
+            len(pending.containers),
+            len(updates),
+        )
+        response = api_pb2.SynchronizeResponse()
+        fill_updates(response.update, updates)
+        return _serialize(response)
+
+    # -- the other requests -----------------------------------------------------------------
+    def _configure(self, payload: bytes) -> bytes:
+        request = api_pb2.ConfigureRequest.FromString(payload)
+        self.runtime_name = request.runtime_name
+        self.runtime_version = request.runtime_version
+        log.info(
+            "configured by runtime %s %s (request timeout %d ms)",
+            request.runtime_name,
+            request.runtime_version,
+            request.request_timeout,
+        )
+        return _serialize(api_pb2.ConfigureResponse(events=EVENT_MASK))
+
+    def _create_container(self, payload: bytes) -> bytes:
+        request = api_pb2.CreateContainerRequest.FromString(payload)
+        decision = self.plugin.create_container(request.pod, request.container)
+        response = api_pb2.CreateContainerResponse()
+        cpu = response.adjust.linux.resources.cpu
+        cpu.cpus = decision.cpus.format()
+        cpu.mems = decision.mems
+        fill_updates(response.update, decision.updates)
+        return _serialize(response)
+
+    def _stop_container(self, payload: bytes) -> bytes:
+        request = api_pb2.StopContainerRequest.FromString(payload)
+        self.plugin.stop_container(request.pod, request.container)
+        return b""  # StopContainerResponse with no updates (§13.4)
+
+    def _remove_container(self, payload: bytes) -> bytes:
+        request = api_pb2.RemoveContainerRequest.FromString(payload)
+        self.plugin.remove_container(request.pod, request.container)
+        return b""
+
+    def _state_change(self, payload: bytes) -> bytes:
+        # NRI < v0.12 runtimes deliver RemoveContainer only through StateChange.
+        event = api_pb2.StateChangeEvent.FromString(payload)
+        if event.event == api_pb2.REMOVE_CONTAINER:
+            self.plugin.remove_container(event.pod, event.container)
+        return b""
+
+    def _shutdown(self, payload: bytes) -> bytes:
+        log.info("runtime shutting down")
+        return b""

@@ -1,0 +1,199 @@
+"""What makes the node's state survive a restart: the checkpoint file and its writer task.
+
+The writer reads ``ClaimsChanged`` from the state owner. It takes every message waiting in
+its inbox, writes one checkpoint of the claims as they are at that instant (temp file,
+fsync, rename, directory fsync, in a worker thread, shielded so a cancellation cannot tear
+it) and answers each message that asked with a ``CheckpointWritten``: concurrent changes
+share one fsync. ``restore`` is the start-up half (behavior.md §18, ``daemon/recovery.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from dracpu import cdi
+from dracpu.allocation.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from dracpu.daemon.recovery import RecoveryPlan, plan_recovery
+from dracpu.messages import CheckpointWritten, ClaimsChanged
+from dracpu.state.owner import NodeState, StateFileError
+
+__all__ = ["CHECKPOINT_FILE", "CheckpointFile", "read_boot_id"]
+
+log = logging.getLogger("dracpu.state")
+
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+def read_boot_id(proc_root: str = "/proc") -> str:
+    """This boot's id, which changes on every reboot (empty when the kernel hides it)."""
+    try:
+        return Path(proc_root, "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+class CheckpointFile:
+    """The checkpoint of one node's claims in ``state_dir``; see the module docstring."""
+
+    def __init__(
+        self,
+        state: NodeState,
+        state_dir: str,
+        *,
+        boot_id: str,
+        config_fingerprint: str,
+        write_file: Callable[..., None] = cdi.atomic_write,
+    ) -> None:
+        """``write_file(path, data, dir_mode=...)`` writes atomically (tests wrap it)."""
+        self.state = state
+        self._write_file = write_file
+        self.state_dir = state_dir
+        self.boot_id = boot_id
+        self.config_fingerprint = config_fingerprint
+        self.writes = 0
+        self.last_error = ""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.state_dir, CHECKPOINT_FILE)
+
+    def checkpoint(self) -> Checkpoint:
+        """The claims to keep now: prepared ones not being released, and pending ones."""
+        return Checkpoint(
+            version=CHECKPOINT_VERSION,
+            boot_id=self.boot_id,
+            config_fingerprint=self.config_fingerprint,
+            claims=tuple(sorted(self.state.store.durable_records(), key=lambda r: r.uid)),
+        )
+
+    def write(self, checkpoint: Checkpoint | None = None) -> None:
+        """Write the checkpoint now (blocking). Raises StateFileError."""
+        data = encode_checkpoint(checkpoint or self.checkpoint())
+        metrics = self.state.metrics
+        try:
+            self._write_file(str(self.path), data, dir_mode=0o750)
+        except OSError as exc:
+            self.last_error = f'failed to write checkpoint "{self.path}": {exc.strerror or exc}'
+            if metrics is not None:
+                metrics.count_checkpoint_write("error")
+            raise StateFileError(self.last_error) from exc
+        self.writes += 1
+        self.last_error = ""
+        if metrics is not None:
+            metrics.count_checkpoint_write("success")
+
+    # -- the writer task ----------------------------------------------------------------
+    async def run(
+        self,
+        changes: trio.MemoryReceiveChannel[ClaimsChanged],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Write a checkpoint for each batch of ``ClaimsChanged``; answer who asked."""
+        self.state.writer_running = True
+        batch: list[ClaimsChanged] = []
+        task_status.started()
+        try:
+            while True:
+                batch = [await changes.receive()]
+                while True:
+                    try:
+                        batch.append(changes.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                error = await self._write_batch()
+                _answer(batch, error)
+                batch = []
+        finally:
+            # Nobody may wait for a write that will not happen: answer the batch in hand
+            # and everything queued, in one step with no await, then refuse new waiters.
+            self.state.writer_running = False
+            while True:
+                try:
+                    batch.append(changes.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            _answer(batch, "the checkpoint writer stopped")
+
+    async def _write_batch(self) -> str:
+        snapshot = self.checkpoint()
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.write, snapshot)
+        except StateFileError as exc:
+            log.error("%s", exc)
+            return str(exc)
+        return ""
+
+    # -- start-up -------------------------------------------------------------------------
+    def _read(self) -> tuple[Checkpoint | None, str | None]:
+        path = self.path
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, f'cannot read "{path}": {exc.strerror or exc}'
+        try:
+            return decode_checkpoint(data), None
+        except CheckpointError as exc:
+            # Keep the bad file for a bug report instead of overwriting it on the next write.
+            aside = path.with_name(f"{path.name}.corrupt")
+            try:
+                os.replace(path, aside)
+                return None, f"{exc} (moved to {aside})"
+            except OSError:
+                return None, str(exc)
+
+    def restore(self, cdi_dir: str) -> RecoveryPlan:
+        """Rebuild the claims from the checkpoint and the CDI specs (blocking, at start)."""
+        checkpoint, problem = self._read()
+        scan = cdi.read_claim_specs(cdi_dir)
+        for line in scan.errors:
+            log.warning("ignoring unreadable CDI spec: %s", line)
+        plan = plan_recovery(
+            checkpoint=checkpoint,
+            checkpoint_problem=problem,
+            boot_id=self.boot_id,
+            config_fingerprint=self.config_fingerprint,
+            cdi_claims=scan.claims,
+            allocatable=self.state.store.available,
+        )
+        for note in plan.notes:
+            log.warning("%s", note)
+        self.state.restore(plan.claims)
+        by_uid = {r.uid: r.cpus for r in plan.claims}
+        for uid in plan.write_specs:
+            cdi.write_claim_spec(cdi_dir, uid, by_uid[uid])
+        for uid in plan.remove_specs:
+            cdi.remove_claim_spec(cdi_dir, uid)
+        log.info(
+            "restored allocation state source=%s claims=%d specsWritten=%d specsRemoved=%d",
+            plan.source,
+            len(plan.claims),
+            len(plan.write_specs),
+            len(plan.remove_specs),
+        )
+        self.write()
+        return plan
+
+
+def _answer(batch: list[ClaimsChanged], error: str) -> None:
+    for message in batch:
+        if message.reply is None:
+            continue
+        # A waiter cancelled meanwhile has closed its end: nobody to tell.
+        with contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):
+            message.reply.send_nowait(CheckpointWritten(generation=message.generation, error=error))

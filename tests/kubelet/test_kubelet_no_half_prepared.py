@@ -1,0 +1,130 @@
+"""No container is ever pinned to the CPUs of a half-prepared claim (issue #14 item 2).
+
+A prepare keeps its claim pending until the CDI spec and the checkpoint are on disk. These
+tests block the checkpoint's write in its worker thread, send NRI events for the claim in
+that window, then let the write fail or succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from typing import Any
+
+import pytest
+import trio
+from kubelet_harness import Node, claim, make_node, result, short_dir
+
+from dracpu.cdi import atomic_write, claim_spec_path
+from dracpu.kubelet import ClaimRef
+from dracpu.nri.plugin import NRIPlugin, NRIPluginError
+from dracpu.proto.nri import api_pb2
+
+
+@pytest.fixture
+def cdi_dir() -> Any:
+    path = short_dir("cdi.")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class BlockedWrite:
+    """A checkpoint write that waits in its worker thread until released, then fails or
+    writes for real."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail = False
+
+    def __call__(self, path: str, data: bytes, **kw: Any) -> None:
+        self.entered.set()
+        self.release.wait(10)
+        if self.fail:
+            raise OSError(28, "No space left on device")
+        atomic_write(path, data, **kw)
+
+
+def holder(uid: str, cpus: str) -> tuple[api_pb2.PodSandbox, api_pb2.Container]:
+    pod = api_pb2.PodSandbox(id="sb-p1", uid="p1", name="p1", namespace="default")
+    container = api_pb2.Container(
+        id="c1",
+        pod_sandbox_id="sb-p1",
+        name="app",
+        env=[f"DRA_CPUSET_{uid}={cpus}"],
+        linux=api_pb2.LinuxContainer(cgroups_path="/kubepods/podp1/c1"),
+    )
+    return pod, container
+
+
+async def prepare_blocked(
+    nursery: trio.Nursery, node: Node, cdi_dir: str, write: BlockedWrite, uid: str
+) -> tuple[ClaimRef, str, list[Any]]:
+    """Start a prepare and return once its checkpoint write is blocked; the pending
+    claim's CPUs as a string, and a list that receives the prepare's result."""
+    await node.start_checkpoint(nursery, os.path.join(cdi_dir, "state"), write)
+    node.claims.put(claim(uid, result("cpudevnuma000", 2), name="web"))
+    ref = ClaimRef(namespace="default", name="web", uid=uid)
+    results: list[Any] = []
+
+    async def run() -> None:
+        results.append(await node.service.prepare([ref]))
+
+    nursery.start_soon(run)
+    await trio.to_thread.run_sync(write.entered.wait, 10)
+    (pending,) = node.store.durable_records()
+    assert os.path.exists(claim_spec_path(cdi_dir, uid))  # the spec is written already
+    return ref, pending.cpus.format(), results
+
+
+async def test_create_container_during_the_fsync_is_not_pinned_to_rolled_back_cpus(
+    nursery: trio.Nursery, cdi_dir: str
+) -> None:
+    node = make_node(cdi_dir)
+    plugin = NRIPlugin(node.state)
+    write = BlockedWrite()
+    write.fail = True
+    ref, cpus, results = await prepare_blocked(nursery, node, cdi_dir, write, "half")
+
+    # The claim holder's container arrives while the checkpoint is being written.
+    pod, container = holder("half", cpus)
+    with pytest.raises(NRIPluginError, match='claim "half" is not prepared by this driver'):
+        plugin.create_container(pod, container)
+    # A shared container created meanwhile is not confined away from CPUs nobody holds.
+    shared = api_pb2.Container(id="s1", pod_sandbox_id="sb-p1", name="side")
+    assert plugin.create_container(pod, shared).cpus == node.store.shared_pool
+    assert node.store.shared_pool == node.store.available
+
+    write.release.set()
+    while not results:
+        await trio.sleep(0.01)
+    assert results[0][ref.uid].error.startswith("failed to record claim default/web: ")
+    # Rolled back, and nothing was ever pinned to its CPUs.
+    assert len(node.store) == 0 and node.store.durable_records() == []
+    assert not os.path.exists(claim_spec_path(cdi_dir, "half"))
+    assert [i.container_id for i in plugin.intents()] == ["s1"]
+    assert node.state.tracker.owners() == {}
+    assert node.changes == []  # the shared pool never changed
+
+
+async def test_claim_becomes_visible_only_after_its_checkpoint(
+    nursery: trio.Nursery, cdi_dir: str
+) -> None:
+    node = make_node(cdi_dir)
+    plugin = NRIPlugin(node.state)
+    write = BlockedWrite()
+    ref, cpus, results = await prepare_blocked(nursery, node, cdi_dir, write, "slow")
+    pod, container = holder("slow", cpus)
+    with pytest.raises(NRIPluginError, match="not prepared by this driver"):
+        plugin.create_container(pod, container)
+    # Another prepare cannot take the pending claim's CPUs either.
+    assert not node.store.free & node.store.durable_records()[0].cpus
+
+    write.release.set()
+    while not results:
+        await trio.sleep(0.01)
+    assert results[0][ref.uid].error == ""
+    assert node.store.cpus_of("slow") is not None
+    assert plugin.create_container(pod, container).cpus.format() == cpus
+    assert node.changes == [node.store.shared_pool.format()]
