@@ -4,8 +4,9 @@ The real daemon runs as a child process on the simulated node. It is killed afte
 was allocated but before its pod ran, while the pod runs, right after the pod was deleted
 (unprepare pending), and after the unprepare; it is started again each time. After every
 restart the node must hold exactly the right claims: no CPU in two claims, no CPU leaked,
-every running container's cgroup cpuset equal to what dracpu intends, and the checkpoint
-and CDI specs in agreement with the daemon's state.
+every running container's cgroup cpuset equal to what dracpu intends, and the checkpoint,
+CDI specs and kubelet in agreement with the daemon's state: the invariants of the chaos runs
+(:func:`dracpu.sim.chaos.check_invariants`), read from the node the same way.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import Any
 
 import trio
 
-from dracpu import cdi
-from dracpu.allocation.checkpoint import decode_checkpoint
-from dracpu.allocation.env import parse_dra_env
 from dracpu.cpuset import CPUSet
+from dracpu.sim.chaos import check_invariants, desired_slices, observe_node
 from dracpu.sim.node import SimNode
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
@@ -71,34 +70,22 @@ async def running(node: SimNode, ref: str) -> bool:
     return st is not None and st["phase"] == "Running"
 
 
-async def check_invariants(node: SimNode) -> dict[str, CPUSet]:
-    """The node's claims by UID, after checking every cross-store invariant."""
-    state = await node.debug_state()
-    claims = {c["uid"]: CPUSet.parse(c["cpus"]) for c in state["claims"]}
-    union = CPUSet()
-    for uid, cpus in claims.items():
-        assert cpus, f"claim {uid} holds no CPUs"
-        assert union.isdisjoint(cpus), f"claim {uid} shares CPUs with another claim"
-        union |= cpus
-    shared = CPUSet.parse(state["sharedPool"])
-    assert shared == ALL - union, "a CPU is neither in a claim nor in the shared pool"
-    # Checkpoint and CDI specs say the same as the daemon.
-    checkpoint = decode_checkpoint(Path(node.state_dir, "checkpoint.json").read_bytes())
-    assert {r.uid: r.cpus for r in checkpoint.claims} == claims
-    assert cdi.read_claim_specs(node.cdi_dir).claims == claims
-    # Every running container is enforced where dracpu intends.
-    for ref, st in node.pod_states().items():
-        if st["phase"] != "Running":
-            continue
-        for name, ctr in st["containers"].items():
-            env = parse_dra_env(ctr["env"])
-            want = CPUSet()
-            for uid, cpus in env.items():
-                assert claims.get(uid) == cpus, f"{ref}/{name} runs on a claim not prepared"
-                want |= cpus
-            got = CPUSet.parse(node.cpuset_of(ctr["id"]))
-            assert got == (want or shared), f"{ref}/{name}: cgroup {got}, want {want or shared}"
-    return claims
+async def checked_claims(node: SimNode) -> dict[str, CPUSet]:
+    """The node's claims by UID, after checking every invariant of the chaos runs.
+
+    No CPU in two claims, the shared pool everything else; the checkpoint, the CDI specs
+    and the kubelet's prepared claims agree with the daemon; every running container's
+    cgroup cpuset (and the daemon's intent for it) is its claims' CPUs or the shared pool;
+    every bound pod runs, deleted pods are gone; the slices are those of the topology.
+    """
+    node_uid = node.api.get("nodes", node.node_name)["metadata"]["uid"]
+    desired = desired_slices(
+        XEON, mode="grouped", reserved_cpus="", node_name=node.node_name, node_uid=node_uid
+    )
+    observation = await observe_node(node, online=ALL, reserved=CPUSet(), desired=desired)
+    violations = check_invariants(observation)
+    assert violations == [], "\n".join(str(v) for v in violations)
+    return observation.daemon_claims
 
 
 async def restart(node: SimNode) -> None:
@@ -121,10 +108,10 @@ async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu() -> None:
         await node.create(claim("a", 4))
         await node.create(pod("pa", "a"))
         await wait_for(lambda: running(node, "default/pa"), "pod pa")
-        before = await check_invariants(node)
+        before = await checked_claims(node)
         assert len(before) == 1
         await restart(node)
-        assert await check_invariants(node) == before
+        assert await checked_claims(node) == before
 
         # 2. Killed while the kubelet prepares a second claim: the kubelet retries.
         await node.create(claim("b", 6))
@@ -132,7 +119,7 @@ async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu() -> None:
         await trio.sleep(0.05)
         await restart(node)
         await wait_for(lambda: running(node, "default/pb"), "pod pb after a restart")
-        claims = await check_invariants(node)
+        claims = await checked_claims(node)
         assert len(claims) == 2
         assert sorted(len(c) for c in claims.values()) == [4, 6]
 
@@ -142,18 +129,19 @@ async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu() -> None:
         await restart(node)
 
         async def a_released() -> bool:
+            # Unprepared, and the pod object gone (the kubelet removes it after unpreparing).
             state = await node.debug_state()
-            return len(state["claims"]) == 1 and "default/pa" not in {
-                r for r, st in node.pod_states().items() if st["phase"] == "Running"
-            }
+            pa_runs = node.pod_states().get("default/pa", {}).get("phase") == "Running"
+            pa_exists = any(p["metadata"]["name"] == "pa" for p in node.api.list("pods", "default"))
+            return len(state["claims"]) == 1 and not pa_runs and not pa_exists
 
-        await wait_for(a_released, "claim a to be unprepared")
-        claims = await check_invariants(node)
+        await wait_for(a_released, "claim a to be unprepared and pod pa gone")
+        claims = await checked_claims(node)
         assert [len(c) for c in claims.values()] == [6]
 
         # 4. After the unprepare: a restart brings back exactly the one remaining claim.
         await restart(node)
-        assert await check_invariants(node) == claims
+        assert await checked_claims(node) == claims
         # The plain pod follows the shared pool through all of it.
         state = await node.debug_state()
         ctr = node.pod_states()["default/plain"]["containers"]["app"]
