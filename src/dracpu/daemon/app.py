@@ -16,6 +16,7 @@ pusher, ``CpusetUpdateFailed`` from the NRI session to the cgroupfs fallback wri
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -48,6 +49,7 @@ from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
 from dracpu.nri.session import NRISession
+from dracpu.nursery.backoff import restart_delay
 from dracpu.nursery.supervisor import Service, Supervisor
 from dracpu.state import CheckpointFile, NodeState, read_boot_id
 from dracpu.topology.discover import discover_from_root
@@ -154,24 +156,7 @@ class Daemon:
                 "smt": topo.smt_enabled,
             }
         if self.state is not None:
-            store = self.state.store
-            owners = self.state.tracker.owners()
-            doc["reserved"] = store.reserved.format()
-            doc["sharedPool"] = store.shared_pool.format()
-            doc["claims"] = [
-                {
-                    "uid": r.uid,
-                    "namespace": r.namespace,
-                    "name": r.name,
-                    "cpus": r.cpus.format(),
-                    "owner": (
-                        {"podUID": owners[r.uid].pod_uid, "container": owners[r.uid].container_name}
-                        if r.uid in owners
-                        else None
-                    ),
-                }
-                for r in sorted(store.records(), key=lambda r: r.uid)
-            ]
+            doc.update(self.state.describe())
         if self.checkpoint is not None:
             doc["checkpoint"] = {
                 "writes": self.checkpoint.writes,
@@ -195,12 +180,7 @@ class Daemon:
         if self.slices is not None:
             doc["slices"] = self.slices.status()
         if self.session is not None:
-            doc["nri"] = {
-                "connected": self.session.connected,
-                "synchronized": self.session.is_synchronized,
-                "sessions": self.session.sessions,
-                "runtime": f"{self.session.runtime_name} {self.session.runtime_version}".strip(),
-            }
+            doc["nri"] = self.session.describe()
         if self.kubelet is not None:
             reg = self.kubelet.registration
             doc["registration"] = {"registered": reg.registered, "lastError": reg.last_error}
@@ -381,15 +361,19 @@ class Daemon:
         """Find the Node's UID for the owner reference, then keep the slices converged."""
         assert self.inventory is not None
         task_status.started()
-        delay = 0.5
+        failures = 0
         while True:
             try:
                 node_uid = await get_node_uid(self.kube, self.node_name)
                 break
             except K8sError as exc:
                 log.warning("cannot read the Node object yet", node=self.node_name, err=exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                failures += 1
+                await trio.sleep(
+                    restart_delay(
+                        failures, initial=0.5, factor=2.0, cap=30.0, jitter=0.5, rand=random.random
+                    )
+                )
         desired = build_slices(
             self.inventory,
             node_name=self.node_name,

@@ -40,10 +40,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
-from dracpu.allocation.store import ClaimTracker, ContainerRecord, OwnerError, StoreError
+from dracpu.allocation.store import ContainerRecord, OwnerError, StoreError
 from dracpu.cpuset import CPUSet
-from dracpu.gofmt import go_quote
 from dracpu.messages import ContainerIntent
+from dracpu.nri.sync import SyncPass, cgroups_path_of
 from dracpu.proto.nri import api_pb2
 from dracpu.state.owner import NodeState
 
@@ -71,10 +71,6 @@ class CreateDecision:
     mems: str = ""
     updates: list[ContainerIntent] = field(default_factory=list)
     claim_uids: tuple[str, ...] = ()
-
-
-def _cgroups_path(container: api_pb2.Container) -> str:
-    return container.linux.cgroups_path if container.HasField("linux") else ""
 
 
 class NRIPlugin:
@@ -182,7 +178,7 @@ class NRIPlugin:
             claims = parse_dra_env(container.env)
         except DRAEnvError as exc:
             raise NRIPluginError(str(exc)) from None
-        cgroups_path = _cgroups_path(container)
+        cgroups_path = cgroups_path_of(container)
         if not claims:
             pool = self._state.shared_pool
             if not pool:
@@ -271,116 +267,22 @@ class NRIPlugin:
         state from the runtime's list, add claims the store lacks, return the updates
         (claim holders first, then every shared container). ``cdi_claims`` are the claims
         of the driver's CDI specs on disk (needed when ``needs_cdi_specs``)."""
-        cdi_claims = cdi_claims or {}
         pods_by_id = {pod.id: pod for pod in pods}
-        tracker = ClaimTracker()
-        records: list[ContainerRecord] = []
-        added: dict[str, CPUSet] = {}
-        free = self._state.store.free
-        guaranteed_updates: list[ContainerIntent] = []
-
+        sync = SyncPass(self._state.store, cdi_claims or {})
         for container in containers:
             pod = pods_by_id.get(container.pod_sandbox_id)
-            if pod is None:
-                continue
-            try:
-                env_claims = parse_dra_env(container.env)
-            except DRAEnvError as exc:
-                log.warning(
-                    "ignoring container with malformed DRA env during synchronize: %s",
-                    exc,
-                    extra={"container_id": container.id},
-                )
-                continue
-            valid: dict[str, CPUSet] = {}
-            forged = False
-            pending_adds: dict[str, CPUSet] = {}
-            for uid, cpus in env_claims.items():
-                known = self._state.store.cpus_of(uid)
-                if known is None:
-                    known = added.get(uid)
-                if known is None:
-                    known = cdi_claims.get(uid)
-                    if known is None:
-                        log.warning(
-                            "ignoring claim %s of container %s during synchronize: no "
-                            "driver-owned CDI spec for it",
-                            go_quote(uid),
-                            container.id,
-                        )
-                        continue
-                    pending = CPUSet()
-                    for held in pending_adds.values():
-                        pending |= held
-                    if known == cpus and not cpus <= free - pending:
-                        log.warning(
-                            "confining container %s to the shared pool: claim %s from its "
-                            "CDI spec overlaps CPUs already held (%s)",
-                            container.id,
-                            go_quote(uid),
-                            cpus.format(),
-                        )
-                        forged = True
-                        break
-                    if known == cpus:
-                        pending_adds[uid] = cpus
-                if known != cpus:
-                    log.warning(
-                        "confining container %s to the shared pool: validation failed for "
-                        "claim %s during synchronize: cpuset mismatch (expected %s, got %s "
-                        "from runtime)",
-                        container.id,
-                        go_quote(uid),
-                        go_quote(known.format()),
-                        go_quote(cpus.format()),
-                    )
-                    forged = True
-                    break
-                valid[uid] = cpus
-            if not forged and valid:
-                try:
-                    tracker.set_owner(pod.uid, container.name, tuple(valid))
-                except OwnerError as exc:
-                    log.warning(
-                        "confining container %s to the shared pool during synchronize: %s",
-                        container.id,
-                        exc,
-                    )
-                    forged = True
-            if forged or not valid:
-                records.append(
-                    ContainerRecord(
-                        pod_uid=pod.uid,
-                        name=container.name,
-                        container_id=container.id,
-                        cgroups_path=_cgroups_path(container),
-                    )
-                )
-                continue
-            for uid, cpus in pending_adds.items():
-                added[uid] = cpus
-                free -= cpus
-            claim_cpus = CPUSet()
-            for cpus in valid.values():
-                claim_cpus |= cpus
-            record = ContainerRecord(
-                pod_uid=pod.uid,
-                name=container.name,
-                container_id=container.id,
-                claim_uids=tuple(valid),
-                cgroups_path=_cgroups_path(container),
+            if pod is not None:
+                sync.add(pod, container)
+        holders = [
+            ContainerIntent(
+                container_id=record.container_id,
+                cpus=cpus.format(),
+                mems=self._state.mems(cpus),
+                cgroups_path=record.cgroups_path,
+                pod_uid=record.pod_uid,
+                name=record.name,
             )
-            records.append(record)
-            guaranteed_updates.append(
-                ContainerIntent(
-                    container_id=container.id,
-                    cpus=claim_cpus.format(),
-                    mems=self._state.mems(claim_cpus),
-                    cgroups_path=record.cgroups_path,
-                    pod_uid=pod.uid,
-                    name=container.name,
-                )
-            )
-
-        self._state.synchronized(added, tracker, records)
-        return guaranteed_updates + self._shared_updates()
+            for record, cpus in sync.holders
+        ]
+        self._state.synchronized(sync.adopted, sync.owners, sync.records)
+        return holders + self._shared_updates()

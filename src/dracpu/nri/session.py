@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 import trio
 from google.protobuf.message import DecodeError
@@ -154,6 +154,16 @@ class NRISession:
     @property
     def runtime_version(self) -> str:
         return self._handlers.runtime_version
+
+    def describe(self) -> dict[str, Any]:
+        """The NRI part of ``/debug/state``."""
+        return {
+            "connected": self.connected,
+            "synchronized": self.is_synchronized,
+            "state": str(self.state),
+            "sessions": self.sessions,
+            "runtime": f"{self.runtime_name} {self.runtime_version}".strip(),
+        }
 
     async def wait_synchronized(self) -> None:
         """Return once a session is synchronized (at once if one is now)."""

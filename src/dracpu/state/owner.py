@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import trio
 
@@ -130,6 +131,29 @@ class NodeState:
             if held is not None:
                 cpus |= held
         return cpus
+
+    def describe(self) -> dict[str, Any]:
+        """The allocation part of ``/debug/state``: reserved CPUs, pool, claims and owners."""
+        store = self.store
+        owners = self.tracker.owners()
+        return {
+            "reserved": store.reserved.format(),
+            "sharedPool": store.shared_pool.format(),
+            "claims": [
+                {
+                    "uid": r.uid,
+                    "namespace": r.namespace,
+                    "name": r.name,
+                    "cpus": r.cpus.format(),
+                    "owner": (
+                        {"podUID": owners[r.uid].pod_uid, "container": owners[r.uid].container_name}
+                        if r.uid in owners
+                        else None
+                    ),
+                }
+                for r in sorted(store.records(), key=lambda r: r.uid)
+            ],
+        }
 
     def mems(self, cpus: CPUSet) -> str:
         return self.mems_of(cpus) if self.mems_of is not None and cpus else ""
