@@ -14,8 +14,8 @@ from dracpu.nri.plugin import EMPTY_SHARED_POOL
 from dracpu.sim.runtime import ContainerCreateError
 
 
-async def test_lifecycle_shared_then_guaranteed_then_restart(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+async def test_lifecycle_shared_then_guaranteed_then_restart(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         assert node.session.runtime_name == "dracpu-sim"
         await sim.create_pod("p0", "shared")
@@ -55,9 +55,9 @@ async def test_lifecycle_shared_then_guaranteed_then_restart(sock_dir: str, tmp_
     ],
 )
 async def test_bad_env_fails_creation_and_session_keeps_serving(
-    sock_dir: str, tmp_path: Path, env: list[str], message: str
+    short_tmp: str, tmp_path: Path, env: list[str], message: str
 ) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         await node.sim.create_pod("p1", "pod")
         with pytest.raises(ContainerCreateError) as err:
             await node.sim.create_container("p1", "app", env)
@@ -68,8 +68,8 @@ async def test_bad_env_fails_creation_and_session_keeps_serving(
         assert node.sim.plugin_ready
 
 
-async def test_forged_env_is_refused(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+async def test_forged_env_is_refused(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         node.prepare("A", "0-1")
         await node.sim.create_pod("p1", "owner")
         await node.sim.create_pod("evil", "forger")
@@ -84,8 +84,8 @@ async def test_forged_env_is_refused(sock_dir: str, tmp_path: Path) -> None:
         assert str(err.value) == 'claimUID "A" already bound to pod "p1" container "app"'
 
 
-async def test_empty_pool_fails_closed(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg", node_cpus="0-3") as node:
+async def test_empty_pool_fails_closed(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg", node_cpus="0-3") as node:
         node.prepare("A", "0-3")
         await node.sim.create_pod("p1", "pod")
         with pytest.raises(ContainerCreateError) as err:
@@ -96,9 +96,9 @@ async def test_empty_pool_fails_closed(sock_dir: str, tmp_path: Path) -> None:
 
 
 async def test_runtime_restart_mid_stream_reconnects_and_resyncs(
-    sock_dir: str, tmp_path: Path
+    short_tmp: str, tmp_path: Path
 ) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         await sim.create_pod("p0", "shared")
         s1 = await sim.create_container("p0", "s1")
@@ -124,8 +124,8 @@ async def test_runtime_restart_mid_stream_reconnects_and_resyncs(
         assert reconnects(node.metrics) == 2
 
 
-async def test_stale_stop_and_remove_after_new_create(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+async def test_stale_stop_and_remove_after_new_create(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         node.prepare("A", "4-5")
         await sim.create_pod("p1", "pod")
@@ -153,9 +153,9 @@ async def test_stale_stop_and_remove_after_new_create(sock_dir: str, tmp_path: P
         assert sim.cpuset_of(new) == "4-5"
 
 
-async def test_remove_through_state_change_on_old_runtimes(sock_dir: str, tmp_path: Path) -> None:
+async def test_remove_through_state_change_on_old_runtimes(short_tmp: str, tmp_path: Path) -> None:
     async with sim_node(
-        sock_dir, tmp_path / "cg", sim_kw={"remove_via_state_change": True}
+        short_tmp, tmp_path / "cg", sim_kw={"remove_via_state_change": True}
     ) as node:
         await node.sim.create_pod("p1", "pod")
         c = await node.sim.create_container("p1", "app")
@@ -166,9 +166,9 @@ async def test_remove_through_state_change_on_old_runtimes(sock_dir: str, tmp_pa
         assert len(node.containers) == 0
 
 
-async def test_synchronize_500_containers_in_pages(sock_dir: str, tmp_path: Path) -> None:
+async def test_synchronize_500_containers_in_pages(short_tmp: str, tmp_path: Path) -> None:
     async with sim_node(
-        sock_dir, tmp_path / "cg", start_session=False, sim_kw={"sync_page_size": 120}
+        short_tmp, tmp_path / "cg", start_session=False, sim_kw={"sync_page_size": 120}
     ) as node:
         sim = node.sim
         node.prepare("A", "0-1")
@@ -197,8 +197,8 @@ async def test_synchronize_500_containers_in_pages(sock_dir: str, tmp_path: Path
         assert len(node.containers.shared_container_ids()) == 498
 
 
-async def test_update_containers_success_and_failures(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+async def test_update_containers_success_and_failures(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         node.prepare("A", "0-3")
         await sim.create_pod("p0", "shared")
@@ -235,8 +235,8 @@ async def test_update_containers_success_and_failures(sock_dir: str, tmp_path: P
         assert len(sim.update_requests) == 4
 
 
-async def test_update_containers_when_session_down(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+async def test_update_containers_when_session_down(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg", start_session=False) as node:
         await node.sim.create_pod("p0", "shared")
         node.plugin.create_container(
             node.sim._pods["p0"].proto(),
@@ -249,9 +249,9 @@ async def test_update_containers_when_session_down(sock_dir: str, tmp_path: Path
 
 
 async def test_update_containers_timeout(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         await node.sim.create_pod("p0", "shared")
         await node.sim.create_container("p0", "s1")
         node.sim.drop_updates(1)
@@ -265,10 +265,10 @@ async def test_update_containers_timeout(
 
 
 async def test_reconnect_backoff_under_mock_clock(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with sim_node(
-        sock_dir,
+        short_tmp,
         tmp_path / "cg",
         start_session=False,
         session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
@@ -283,16 +283,40 @@ async def test_reconnect_backoff_under_mock_clock(
             await trio.sleep(0)
             node.start_session()
         await sim.wait_plugin_ready()
-        # Dials at 0, 1, 3, 7, 15 fail (delays 1, 2, 4, 8 capped); the one at 23 succeeds.
-        assert sim.accepted == [pytest.approx(start + 23.0)]
+        # The socket is gone: no backoff schedule, the session dials the moment the
+        # runtime binds it again (t=20), not at the next backoff step (t=23).
+        assert sim.accepted == [pytest.approx(start + 20.0)]
         assert reconnects(node.metrics) == 0
 
 
-async def test_backoff_resets_after_a_synchronized_session(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+async def test_a_refusing_socket_bound_again_in_place_is_dialled_at_once(
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with sim_node(
-        sock_dir,
+        short_tmp,
+        tmp_path / "cg",
+        start_session=False,
+        session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
+    ) as node:
+        sim = node.sim
+        start = trio.current_time()
+        listener = sim._listener
+        assert listener is not None
+        # The socket file stays but nobody listens: dials at 0, 1, 3, 7, 15 are refused.
+        sim._listener = None
+        await listener.aclose()
+        node.start_session()
+        await trio.sleep(18.0)
+        await sim._listen()  # bound in place again at t=18: dial at once, not at 23
+        await sim.wait_plugin_ready()
+        assert sim.accepted == [pytest.approx(start + 18.0)]
+
+
+async def test_backoff_resets_after_a_synchronized_session(
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with sim_node(
+        short_tmp,
         tmp_path / "cg",
         session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 0.0},
     ) as node:
@@ -305,11 +329,11 @@ async def test_backoff_resets_after_a_synchronized_session(
 
 
 async def test_unsolicited_update_waits_for_a_runtime_event_without_deadlock(
-    sock_dir: str, tmp_path: Path
+    short_tmp: str, tmp_path: Path
 ) -> None:
     """Our UpdateContainers may be in flight while the runtime calls us: the session keeps
     answering (its read loop never waits on its own calls) and both complete."""
-    async with sim_node(sock_dir, tmp_path / "cg") as node:
+    async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         await sim.create_pod("p0", "shared")
         s1 = await sim.create_container("p0", "s1")
@@ -333,10 +357,10 @@ async def test_unsolicited_update_waits_for_a_runtime_event_without_deadlock(
         assert sim.plugin_ready
 
 
-async def test_register_reply_after_synchronize(sock_dir: str, tmp_path: Path) -> None:
+async def test_register_reply_after_synchronize(short_tmp: str, tmp_path: Path) -> None:
     """A live runtime may Configure and Synchronize before its RegisterPlugin reply."""
     async with sim_node(
-        sock_dir, tmp_path / "cg", start_session=False, sim_kw={"register_reply_after_sync": True}
+        short_tmp, tmp_path / "cg", start_session=False, sim_kw={"register_reply_after_sync": True}
     ) as node:
         await node.sim.create_pod("p0", "shared")
         s1 = await node.sim.create_container("p0", "s1")
@@ -349,7 +373,7 @@ async def test_register_reply_after_synchronize(sock_dir: str, tmp_path: Path) -
         assert node.sim.cpuset_of(s2) == "4-7"
 
 
-async def test_each_hook_logs_under_one_operation_id(sock_dir: str, tmp_path: Path) -> None:
+async def test_each_hook_logs_under_one_operation_id(short_tmp: str, tmp_path: Path) -> None:
     """behavior.md §16.1: Synchronize, CreateContainer, StopContainer and RemoveContainer
     each log `begin: ...` and `end: ...` lines sharing one opID."""
     import io
@@ -363,7 +387,7 @@ async def test_each_hook_logs_under_one_operation_id(sock_dir: str, tmp_path: Pa
     out = io.StringIO()
     setup_logging("json", 2, out)
     try:
-        async with sim_node(sock_dir, tmp_path / "cg") as node:
+        async with sim_node(short_tmp, tmp_path / "cg") as node:
             await node.sim.create_pod("p0", "shared")
             c1 = await node.sim.create_container("p0", "app")
             await node.sim.remove_container(c1)

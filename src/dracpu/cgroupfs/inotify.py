@@ -1,4 +1,5 @@
-"""A minimal inotify binding (ctypes, no dependency) so the drift watcher can wake early.
+"""A minimal inotify binding (ctypes, no dependency) so the drift watcher can wake early
+and the NRI session can dial as soon as the runtime's socket appears.
 
 Only what the watcher needs: add a watch per directory, read and decode event records,
 forget watches the kernel dropped (``IN_IGNORED`` after a cgroup is removed). Where inotify
@@ -15,8 +16,11 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import trio
+
 __all__ = [
     "IN_CREATE",
+    "IN_DELETE",
     "IN_IGNORED",
     "IN_MODIFY",
     "IN_MOVED_TO",
@@ -24,11 +28,13 @@ __all__ = [
     "InotifyEvent",
     "decode_events",
     "open_inotify",
+    "wait_for_entry",
 ]
 
 IN_MODIFY = 0x00000002
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
 IN_IGNORED = 0x00008000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
@@ -67,11 +73,11 @@ class Inotify:
         self._watched: set[str] = set()
         self.exhausted = False
 
-    def watch(self, path: str) -> bool:
+    def watch(self, path: str, mask: int = WATCH_MASK) -> bool:
         """Watch ``path`` (once); False when the kernel refuses (gone, or out of watches)."""
         if path in self._watched or self.exhausted:
             return path in self._watched
-        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
         if wd < 0:
             if ctypes.get_errno() == errno_mod.ENOSPC:
                 self.exhausted = True
@@ -127,6 +133,33 @@ class Inotify:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+async def wait_for_entry(directory: str, name: str, timeout: float, *, new: bool = False) -> bool:
+    """Wait until ``directory/name`` exists (True) or ``timeout`` seconds pass (False).
+
+    With ``new`` only a creation after the call counts: a socket removed and bound again in
+    place. The watch is in place before the first look, so an entry created meanwhile is
+    not missed. Without inotify (or without the directory) this is a plain sleep, then a
+    look (False with ``new``: a re-creation cannot be told from the old entry).
+    """
+    path = os.path.join(directory, name)
+    notify = open_inotify()
+    if notify is None or not notify.watch(directory, IN_CREATE | IN_MOVED_TO):
+        if notify is not None:
+            notify.close()
+        await trio.sleep(timeout)
+        return not new and os.path.exists(path)
+    try:
+        with trio.move_on_after(timeout):
+            while new or not os.path.exists(path):
+                await trio.lowlevel.wait_readable(notify.fd)
+                if any(ev.name == name for ev in notify.read_events()):
+                    return True
+            return True
+        return False
+    finally:
+        notify.close()
 
 
 def open_inotify() -> Inotify | None:

@@ -25,6 +25,7 @@ replies deadlocks it (6.6). Whatever the runtime cannot apply, or cannot be sent
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import time
@@ -36,6 +37,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from dracpu import DRIVER_NAME, cdi
+from dracpu.cgroupfs.inotify import wait_for_entry
 from dracpu.cpuset import CPUSet
 from dracpu.logs import operation
 from dracpu.messages import ContainerIntent, CpusetUpdateFailed
@@ -174,7 +176,6 @@ class NRISession:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         failures = 0
-        initial, maximum = self._backoff
         while True:
             try:
                 stream = await trio.open_unix_socket(self._socket_path)
@@ -189,11 +190,22 @@ class NRISession:
                 if synchronized:
                     failures = 0
             failures += 1
-            await trio.sleep(
-                restart_delay(
-                    failures, initial=initial, factor=2.0, cap=maximum, jitter=0.5, rand=self._rand
-                )
+            await self._wait_to_dial(failures)
+
+    async def _wait_to_dial(self, failures: int) -> None:
+        """Dial again as soon as the runtime's socket is (re)created; back off only while a
+        socket that exists refuses or drops us (a runtime restart removes and re-creates it,
+        so rejoining does not wait out a backoff)."""
+        initial, maximum = self._backoff
+        directory, name = os.path.split(os.path.abspath(self._socket_path))
+        if os.path.exists(self._socket_path):
+            delay = restart_delay(
+                failures, initial=initial, factor=2.0, cap=maximum, jitter=0.5, rand=self._rand
             )
+            if await wait_for_entry(directory, name, delay, new=True):
+                log.info("NRI socket %s re-created: dialing now", self._socket_path)
+        elif await wait_for_entry(directory, name, maximum):
+            log.info("NRI socket %s appeared: dialing now", self._socket_path)
 
     async def _serve(self, stream: trio.SocketStream) -> tuple[str, bool]:
         peer = MuxPeer(
