@@ -10,7 +10,10 @@ the NRI session hands to the cgroupfs writer, is one of these frozen msgspec Str
 - ``SharedPoolChanged``: from ``NodeState`` (a claim committed, released or adopted) to the
   pool pusher (``dracpu.nri.pusher``);
 - ``CpusetUpdateFailed``: from the NRI session, for each update the runtime did not apply,
-  to the cgroupfs fallback writer.
+  to the cgroupfs fallback writer;
+- ``VerifyCpusets``: from the pool pusher (updates the runtime called a success) and the
+  NRI session (a claim holder just created) to the cgroupfs verifier, which reads each
+  cgroup back and writes what differs.
 
 ``ContainerIntent`` is the payload of the last one and what every cpuset decision is made
 of. Cpusets travel as Linux list strings so a message is plain data that can be logged,
@@ -29,6 +32,7 @@ __all__ = [
     "ContainerIntent",
     "CpusetUpdateFailed",
     "SharedPoolChanged",
+    "VerifyCpusets",
 ]
 
 
@@ -83,6 +87,21 @@ class ClaimsChanged(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SharedPoolChanged(msgspec.Struct, frozen=True, kw_only=True):
-    """The shared pool is now ``cpus``: shared containers should follow it."""
+    """The shared pool is now ``cpus``: shared containers should follow it. ``at`` is the
+    Trio clock when it changed (the start of ``dracpu_pool_convergence_seconds``)."""
 
     cpus: str
+    at: float = 0.0
+
+
+class VerifyCpusets(msgspec.Struct, frozen=True, kw_only=True):
+    """Read these containers' cgroups back and write those that differ.
+
+    ``cause`` is ``pool`` (a pushed pool update) or ``create`` (a claim holder's adjustment;
+    its cgroup may not exist yet when the message is sent). ``since`` is the Trio clock of
+    the pool change for ``pool`` (0 otherwise).
+    """
+
+    intents: tuple[ContainerIntent, ...]
+    cause: str
+    since: float = 0.0

@@ -23,6 +23,10 @@ __all__ = [
 ]
 
 RESULT_LABELS = ("success", "error", "unknown")
+# Why dracpu wrote a cpuset itself: the runtime said the update failed, the cgroup read back
+# after an update the runtime called a success differed, or the drift watcher found it.
+FALLBACK_CAUSES = ("runtime-reported", "verify-mismatch", "drift")
+CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CPU_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -91,7 +95,17 @@ DRACPU_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
         "dracpu_cgroup_fallback_writes_total",
         "counter",
         "cpuset writes dracpu made itself because the runtime could not apply an update.",
-        ("result",),
+        ("result", "cause"),
+    ),
+    MetricDefinition(
+        "dracpu_pool_convergence_seconds",
+        "histogram",
+        "Time from a shared pool change to every shared container's cgroup verified on it.",
+    ),
+    MetricDefinition(
+        "dracpu_cgroup_cpuset_hierarchy_found",
+        "gauge",
+        "1 when dracpu found the cpuset cgroup hierarchy it writes to, 0 when it found none.",
     ),
     MetricDefinition(
         "dracpu_cgroup_drift_repairs_total",
@@ -171,7 +185,21 @@ class DriverMetrics:
             buckets=CPU_COUNT_BUCKETS,
             registry=registry,
         )
-        self.fallback_writes = counter("dracpu_cgroup_fallback_writes_total")
+        fallback = _defn("dracpu_cgroup_fallback_writes_total")
+        self.fallback_writes = Counter(
+            fallback.name.removesuffix("_total"), fallback.help, fallback.labels, registry=registry
+        )
+        for cause in FALLBACK_CAUSES:
+            for result in RESULT_LABELS:
+                self.fallback_writes.labels(result=result, cause=cause)
+        self.pool_convergence = Histogram(
+            "dracpu_pool_convergence_seconds",
+            _defn("dracpu_pool_convergence_seconds").help,
+            buckets=CONVERGENCE_BUCKETS,
+            registry=registry,
+        )
+        self.cpuset_hierarchy_found = gauge("dracpu_cgroup_cpuset_hierarchy_found")
+        self.cpuset_hierarchy_found.set(1)
         self.drift_repairs = counter("dracpu_cgroup_drift_repairs_total")
         self.drifted_containers = gauge("dracpu_cgroup_drifted_containers")
         self.nri_reconnects = counter("dracpu_nri_reconnects_total")
@@ -181,8 +209,9 @@ class DriverMetrics:
     def _count(c: Counter, result: str) -> None:
         c.labels(result=result if result in RESULT_LABELS else "unknown").inc()
 
-    def count_fallback_write(self, result: str) -> None:
-        self._count(self.fallback_writes, result)
+    def count_fallback_write(self, result: str, cause: str) -> None:
+        result = result if result in RESULT_LABELS else "unknown"
+        self.fallback_writes.labels(result=result, cause=cause).inc()
 
     def count_drift_repair(self, result: str) -> None:
         self._count(self.drift_repairs, result)

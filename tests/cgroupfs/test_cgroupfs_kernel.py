@@ -151,7 +151,9 @@ async def test_fallback_pins_a_real_process(kernel_pod: KernelPod) -> None:
                     container_id=kernel_pod.cid, cpus=str(cpu), ok=True
                 )
                 assert allowed_cpus(kernel_pod.pid) == CPUSet([cpu])
-    ok = registry.get_sample_value("dracpu_cgroup_fallback_writes_total", {"result": "success"})
+    ok = registry.get_sample_value(
+        "dracpu_cgroup_fallback_writes_total", {"result": "success", "cause": "runtime-reported"}
+    )
     assert ok == 2
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
+from builders import cs
 from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
@@ -28,10 +27,6 @@ from dracpu.cgroupfs.writer import (
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent, CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
-
-
-def cs(text: str) -> CPUSet:
-    return CPUSet.parse(text)
 
 
 # -- the pure plan ------------------------------------------------------------------------
@@ -257,20 +252,17 @@ def _write_as_nobody(root: Path) -> str:
     return text
 
 
-def test_read_only_file_names_it_and_the_errno() -> None:
-    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="dracpu-ro-"))
-    try:
-        root = v1_root(base / "cg")
-        leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
-        for d in (base, root, root / "cpuset", leaf.parent.parent, leaf.parent, leaf):
-            os.chmod(d, 0o755)
-        for f in [*leaf.iterdir(), root / "cpuset" / "cpuset.cpus"]:
-            os.chmod(f, 0o444)
-        text = _write_as_nobody(root)
-        assert text == f"{errno.EACCES} {leaf}/cpuset.cpus: EACCES (Permission denied)"
-        assert read(leaf / "cpuset.cpus") == "0-7"
-    finally:
-        shutil.rmtree(base)
+def test_read_only_file_names_it_and_the_errno(short_tmp: str) -> None:
+    base = Path(short_tmp)  # under /tmp: nobody can reach it once it is 0755
+    root = v1_root(base / "cg")
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    for d in (base, root, root / "cpuset", leaf.parent.parent, leaf.parent, leaf):
+        os.chmod(d, 0o755)
+    for f in [*leaf.iterdir(), root / "cpuset" / "cpuset.cpus"]:
+        os.chmod(f, 0o444)
+    text = _write_as_nobody(root)
+    assert text == f"{errno.EACCES} {leaf}/cpuset.cpus: EACCES (Permission denied)"
+    assert read(leaf / "cpuset.cpus") == "0-7"
 
 
 @pytest.mark.parametrize(
@@ -327,7 +319,9 @@ async def test_write_async_is_not_torn_by_cancellation(tmp_path: Path) -> None:
 
 
 def _counter(registry: CollectorRegistry, result: str) -> float:
-    value = registry.get_sample_value("dracpu_cgroup_fallback_writes_total", {"result": result})
+    value = registry.get_sample_value(
+        "dracpu_cgroup_fallback_writes_total", {"result": result, "cause": "runtime-reported"}
+    )
     assert value is not None
     return value
 

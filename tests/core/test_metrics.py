@@ -60,15 +60,22 @@ def test_exposition_has_every_series_from_start() -> None:
 def test_dracpu_own_metrics_are_exposed_but_not_in_the_contract_list() -> None:
     registry = CollectorRegistry()
     m = DriverMetrics(registry)
-    m.count_fallback_write("success")
-    m.count_fallback_write("error")
+    m.count_fallback_write("success", "runtime-reported")
+    m.count_fallback_write("error", "verify-mismatch")
+    m.count_fallback_write("odd", "drift")
+    m.pool_convergence.observe(0.02)
     m.count_drift_repair("odd")
     m.drifted_containers.set(3)
     m.nri_reconnects.inc()
     m.count_checkpoint_write("success")
     out = generate_latest(registry).decode()
-    assert 'dracpu_cgroup_fallback_writes_total{result="success"} 1.0' in out
-    assert 'dracpu_cgroup_fallback_writes_total{result="error"} 1.0' in out
+    fallback = "dracpu_cgroup_fallback_writes_total"
+    assert f'{fallback}{{cause="runtime-reported",result="success"}} 1.0' in out
+    assert f'{fallback}{{cause="verify-mismatch",result="error"}} 1.0' in out
+    assert f'{fallback}{{cause="drift",result="unknown"}} 1.0' in out
+    assert f'{fallback}{{cause="drift",result="success"}} 0.0' in out
+    assert 'dracpu_pool_convergence_seconds_bucket{le="0.025"} 1.0' in out
+    assert "dracpu_cgroup_cpuset_hierarchy_found 1.0" in out
     assert 'dracpu_cgroup_drift_repairs_total{result="unknown"} 1.0' in out
     assert 'dracpu_cgroup_drift_repairs_total{result="success"} 0.0' in out
     assert "dracpu_cgroup_drifted_containers 3.0" in out

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import trio
 import trio.testing
-from kubelet_harness import NODE, in_thread, make_node, rpc_error, short_dir, start_plugin
+from kubelet_harness import NODE, in_thread, make_node, rpc_error, start_plugin
 
 from dracpu.kubelet import HealthService, RegistrationError, RegistrationService
 from dracpu.proto.health.v1 import api_pb2 as health_v1
@@ -24,10 +24,9 @@ NOW = 1767225600
 
 
 @pytest.fixture
-def root() -> Any:
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def root(short_tmp: str) -> str:
+    """The kubelet root: the test's short temp dir (the plugin's sockets go below it)."""
+    return short_tmp
 
 
 def _get_info(path: str) -> Any:
@@ -50,8 +49,8 @@ def _notify(path: str, registered: bool, error: str = "") -> Any:
         return stub(reg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5)
 
 
-async def test_sockets_dirs_and_cleanup(nursery: trio.Nursery, root: str) -> None:
-    node = make_node(short_dir("cdi."))
+async def test_sockets_dirs_and_cleanup(nursery: trio.Nursery, root: str, cdi_dir: str) -> None:
+    node = make_node(cdi_dir)
     served = await start_plugin(nursery, root, node.service)
     plugin = served.plugin
     assert plugin.dra_socket == f"{root}/plugins/dra.cpu/dra.sock"
@@ -66,8 +65,8 @@ async def test_sockets_dirs_and_cleanup(nursery: trio.Nursery, root: str) -> Non
     shutil.rmtree(node.cdi_dir)
 
 
-async def test_registration_over_the_socket(nursery: trio.Nursery, root: str) -> None:
-    node = make_node(short_dir("cdi."))
+async def test_registration_over_the_socket(nursery: trio.Nursery, root: str, cdi_dir: str) -> None:
+    node = make_node(cdi_dir)
     served = await start_plugin(nursery, root, node.service)
     plugin = served.plugin
     info = await in_thread(lambda: _get_info(plugin.registration_socket))
@@ -181,9 +180,9 @@ async def _until(check: Any) -> None:
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha1"])
-async def test_health_stream(nursery: trio.Nursery, root: str, version: str) -> None:
+async def test_health_stream(nursery: trio.Nursery, root: str, cdi_dir: str, version: str) -> None:
     pb = HEALTH[version]
-    node = make_node(short_dir("cdi."))
+    node = make_node(cdi_dir)
     health = HealthService(
         node_name=NODE, devices=["cpudevnuma000", "cpudevnuma001"], wall_clock=lambda: NOW
     )
@@ -278,3 +277,29 @@ async def test_health_unknown_stream_after_close() -> None:
     stream = FakeStream()
     await health._watch(stream, health_v1)
     assert stream.sent == []
+
+
+@pytest.mark.parametrize("how", ["socket", "directory"])
+async def test_a_removed_registration_socket_is_created_again(
+    nursery: trio.Nursery, root: str, cdi_dir: str, how: str
+) -> None:
+    """The kubelet deregisters a plugin whose registration socket disappears; dracpu binds
+    it again (inotify for the file, a periodic look when the whole directory went)."""
+    node = make_node(cdi_dir)
+    served = await start_plugin(nursery, root, node.service)
+    plugin = served.plugin
+    if how == "socket":
+        os.unlink(plugin.registration_socket)
+        limit = 2.0
+    else:
+        shutil.rmtree(plugin.registrar_dir)
+        limit = 10.0  # the 5 s look-again covers a removed directory
+    with trio.fail_after(limit):
+        while not os.path.exists(plugin.registration_socket):
+            await trio.sleep(0.01)
+    assert plugin.registration_recreated == 1  # (a new socket may reuse the inode number)
+    info = await in_thread(lambda: _get_info(plugin.registration_socket))
+    assert info.name == "dra.cpu"
+    await served.stop()
+    assert not os.path.exists(plugin.registration_socket)
+    shutil.rmtree(node.cdi_dir)

@@ -29,9 +29,11 @@ __all__ = [
     "decode_events",
     "open_inotify",
     "wait_for_entry",
+    "wait_for_removal",
 ]
 
 IN_MODIFY = 0x00000002
+IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
@@ -160,6 +162,29 @@ async def wait_for_entry(directory: str, name: str, timeout: float, *, new: bool
         return False
     finally:
         notify.close()
+
+
+async def wait_for_removal(directory: str, name: str, *, recheck: float = 5.0) -> None:
+    """Return once ``directory/name`` no longer exists.
+
+    inotify wakes this at once on a delete or rename; a look every ``recheck`` seconds
+    also covers the directory itself being removed (its watch is then dropped) and
+    machines without inotify.
+    """
+    path = os.path.join(directory, name)
+    while os.path.exists(path):
+        notify = open_inotify()
+        try:
+            if notify is None or not notify.watch(directory, IN_DELETE | IN_MOVED_FROM):
+                await trio.sleep(recheck)
+                continue
+            with trio.move_on_after(recheck):
+                while os.path.exists(path):
+                    await trio.lowlevel.wait_readable(notify.fd)
+                    notify.read_events()
+        finally:
+            if notify is not None:
+                notify.close()
 
 
 def open_inotify() -> Inotify | None:

@@ -421,7 +421,7 @@ class CgroupWriter:
             error = "" if outcome.ok else outcome.describe_mismatch()
         ok = not error
         if self.metrics is not None:
-            self.metrics.count_fallback_write("success" if ok else "error")
+            self.metrics.count_fallback_write("success" if ok else "error", "runtime-reported")
         if ok:
             log.info(
                 "fallback cpuset write container_id=%s cpus=%s reason=%s",

@@ -25,6 +25,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from dracpu.allocation.store import AllocationStore
+from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse_reserved_cpus
@@ -44,7 +45,7 @@ from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
 from dracpu.kubelet.registration import RegistrationError
 from dracpu.logs import get_logger
-from dracpu.messages import CpusetUpdateFailed
+from dracpu.messages import CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
@@ -115,6 +116,8 @@ class Daemon:
             readiness_reasons=self.readiness_reasons,
         )
         self._failed_send, self._failed_recv = trio.open_memory_channel[CpusetUpdateFailed](256)
+        self._verify_send, self._verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
+        self.verifier: Verifier | None = None
 
     # -- readiness and debug state ------------------------------------------------------
 
@@ -274,7 +277,14 @@ class Daemon:
         )
         self._build_services()
         assert self.kubelet and self.plugin and self.session and self.writer and self.watcher
-        pusher = PoolPusher(self.state.pool_changes(), self.plugin, self.session, self.watcher)
+        assert self.verifier is not None
+        pusher = PoolPusher(
+            self.state.pool_changes(),
+            self.plugin,
+            self.session,
+            self.watcher,
+            verify=self._verify_send,
+        )
         services = [
             Service(name="kubelet", run=self.kubelet.run),
             Service(name="registration", run=self._watch_registration),
@@ -283,6 +293,7 @@ class Daemon:
                 name="cgroup-fallback", run=partial(self.writer.run_fallback, self._failed_recv)
             ),
             Service(name="drift", run=self.watcher.run),
+            Service(name="verify", run=partial(self.verifier.run, self._verify_recv)),
             Service(name="pool", run=pusher.run),
         ]
         # Kubelet sockets and NRI side by side: neither waits for the other.
@@ -322,8 +333,10 @@ class Daemon:
             self.plugin,
             cdi_dir=cfg.cdiDir,
             failed_updates=self._failed_send,
+            verify=self._verify_send,
             metrics=self.metrics,
         )
+        self.verifier = Verifier(self.writer, self.plugin.intents, metrics=self.metrics)
         self.watcher = DriftWatcher(
             self.writer,
             self.plugin.intents,

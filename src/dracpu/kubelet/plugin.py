@@ -10,18 +10,22 @@ health streams, drains in-flight calls and removes both socket files.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import partial
 
 import trio
 
 from dracpu import DRIVER_NAME
+from dracpu.cgroupfs.inotify import wait_for_removal
 from dracpu.config import kubelet_paths_under
 from dracpu.grpc import serve_unix
 from dracpu.grpc.server import DEFAULT_GRACE_PERIOD
 from dracpu.kubelet.dra import DRAService
 from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.registration import RegistrationService
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KubeletPlugin"]
 
@@ -58,6 +62,38 @@ class KubeletPlugin:
             endpoint=self.dra_socket, driver_name=driver_name, registrar_dir=self.registrar_dir
         )
         self.grace_period = grace_period
+        self.registration_recreated = 0
+
+    async def _serve_registration(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Serve the registration socket, and bind it again whenever it disappears.
+
+        The kubelet deregisters a plugin whose registration socket is removed (and wipes
+        its ResourceSlices after a delay); it registers it again when the socket is
+        created anew. A restarted kubelet keeps the directory and rediscovers sockets.
+        """
+        name = os.path.basename(self.registration_socket)
+        started = False
+        while True:
+            _make_dir(self.registrar_dir)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(
+                    partial(
+                        serve_unix,
+                        self.registration_socket,
+                        self.registration.grpc_handlers(),
+                        grace_period=self.grace_period,
+                    )
+                )
+                if not started:
+                    task_status.started()
+                    started = True
+                await wait_for_removal(self.registrar_dir, name)
+                log.warning(
+                    "registration socket %s was removed: creating it again",
+                    self.registration_socket,
+                )
+                self.registration_recreated += 1
+                nursery.cancel_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``ServerError`` when a socket cannot be created."""
@@ -69,12 +105,5 @@ class KubeletPlugin:
             await nursery.start(
                 partial(serve_unix, self.dra_socket, dra_handlers, grace_period=self.grace_period)
             )
-            await nursery.start(
-                partial(
-                    serve_unix,
-                    self.registration_socket,
-                    self.registration.grpc_handlers(),
-                    grace_period=self.grace_period,
-                )
-            )
+            await nursery.start(self._serve_registration)
             task_status.started()

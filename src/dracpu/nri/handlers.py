@@ -78,6 +78,9 @@ class PluginHandlers:
         self.plugin = plugin
         self.runtime_name = ""
         self.runtime_version = ""
+        self.applied: list[ContainerIntent] = []
+        """What the last CreateContainer reply asked the runtime to apply (the new claim
+        holder's cpuset and other containers' updates), for the session to verify."""
         self._pods: list[api_pb2.PodSandbox] = []
         self._containers: list[api_pb2.Container] = []
         self._handlers: dict[str, Callable[[bytes], bytes]] = {
@@ -139,6 +142,19 @@ class PluginHandlers:
     def _create_container(self, payload: bytes) -> bytes:
         request = api_pb2.CreateContainerRequest.FromString(payload)
         decision = self.plugin.create_container(request.pod, request.container)
+        self.applied = list(decision.updates)
+        container = request.container
+        if decision.claim_uids and container.linux.cgroups_path:
+            self.applied.append(
+                ContainerIntent(
+                    container_id=container.id,
+                    cgroups_path=container.linux.cgroups_path,
+                    cpus=decision.cpus.format(),
+                    mems=decision.mems,
+                    pod_uid=request.pod.uid,
+                    name=container.name,
+                )
+            )
         response = api_pb2.CreateContainerResponse()
         cpu = response.adjust.linux.resources.cpu
         cpu.cpus = decision.cpus.format()

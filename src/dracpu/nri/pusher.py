@@ -3,7 +3,8 @@
 It reads ``SharedPoolChanged`` from the state owner. Changes that queued up while it was
 busy are one push: only the newest pool matters. It sends the updates with
 ``NRISession.update_containers`` from this task of its own (never from inside a runtime
-request, protocols.md 6.6), then wakes the drift watcher to check the result.
+request, protocols.md 6.6), hands the updates the runtime called a success to the
+verifier (``VerifyCpusets``), then wakes the drift watcher.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import trio
 
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.logs import get_logger
-from dracpu.messages import SharedPoolChanged
+from dracpu.messages import SharedPoolChanged, VerifyCpusets
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
 
@@ -30,8 +31,10 @@ class PoolPusher:
         plugin: NRIPlugin,
         session: NRISession,
         watcher: DriftWatcher | None = None,
+        verify: trio.MemorySendChannel[VerifyCpusets] | None = None,
     ) -> None:
         self._changes = changes
+        self._verify = verify
         self._plugin = plugin
         self._session = session
         self._watcher = watcher
@@ -54,6 +57,14 @@ class PoolPusher:
         updates = self._plugin.shared_pool_updates()
         if updates:
             failed = await self._session.update_containers(updates)
+            # Updates the runtime called a success are read back (a runtime may not report
+            # a failed best-effort update); the failed ones went to the fallback writer.
+            failed_ids = set(failed)
+            applied = tuple(u for u in updates if u.container_id not in failed_ids)
+            if applied and self._verify is not None:
+                await self._verify.send(
+                    VerifyCpusets(intents=applied, cause="pool", since=change.at)
+                )
             log.info(
                 "shared pool pushed to containers",
                 pool=change.cpus,

@@ -40,7 +40,7 @@ from dracpu import DRIVER_NAME, cdi
 from dracpu.cgroupfs.inotify import wait_for_entry
 from dracpu.cpuset import CPUSet
 from dracpu.logs import operation
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.errors import ProtocolError
 from dracpu.nri.handlers import PluginHandlers, fill_updates
@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 _IDX_RE: Final = re.compile(r"[0-9]{2}")
 SLOW_HANDLER_SECONDS: Final = 0.5
+# How long a refused dial is retried at once before the backoff takes over.
+QUICK_REDIAL: Final = 0.2
 
 # behavior.md §16.1: the hooks whose lines share an operation id, with begin/end lines at
 # these verbosities; every other request still gets an id of its own.
@@ -104,6 +106,7 @@ class NRISession:
         plugin_name: str = DRIVER_NAME,
         plugin_idx: str = "00",
         failed_updates: trio.MemorySendChannel[CpusetUpdateFailed] | None = None,
+        verify: trio.MemorySendChannel[VerifyCpusets] | None = None,
         metrics: DriverMetrics | None = None,
         reconnect_backoff: tuple[float, float] = (0.5, 30.0),
         registration_timeout: float = 5.0,
@@ -123,6 +126,7 @@ class NRISession:
         self._plugin_name = plugin_name
         self._plugin_idx = plugin_idx
         self._failed_updates = failed_updates
+        self._verify = verify
         self._metrics = metrics
         self._backoff = (initial, maximum)
         self._registration_timeout = registration_timeout
@@ -178,7 +182,7 @@ class NRISession:
         failures = 0
         while True:
             try:
-                stream = await trio.open_unix_socket(self._socket_path)
+                stream = await self._dial()
             except OSError as exc:
                 log.info("cannot reach the NRI socket %s: %s", self._socket_path, exc)
             else:
@@ -191,6 +195,18 @@ class NRISession:
                     failures = 0
             failures += 1
             await self._wait_to_dial(failures)
+
+    async def _dial(self) -> trio.SocketStream:
+        """Connect; a socket that was just bound may not listen yet (the runtime binds,
+        then listens), so a refusal is tried again for a moment before it counts."""
+        deadline = trio.current_time() + QUICK_REDIAL
+        while True:
+            try:
+                return await trio.open_unix_socket(self._socket_path)
+            except ConnectionRefusedError:
+                if trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.01)
 
     async def _wait_to_dial(self, failures: int) -> None:
         """Dial again as soon as the runtime's socket is (re)created; back off only while a
@@ -306,8 +322,16 @@ class NRISession:
             await peer.respond(request.stream_id, result)
         except PeerClosed:
             return
+        if request.method == "CreateContainer" and isinstance(result, bytes):
+            self._verify_applied()
         if synchronized and peer is self._peer:
             self._enter(SessionState.SYNCHRONIZED)
+
+    def _verify_applied(self) -> None:
+        """Have the verifier read back what the CreateContainer reply asked for."""
+        applied, self._handlers.applied = self._handlers.applied, []
+        if applied and self._verify is not None:
+            self._verify.send_nowait(VerifyCpusets(intents=tuple(applied), cause="create"))
 
     async def _synchronize(self, payload: bytes) -> tuple[bytes, bool]:
         """A chunk of Synchronize: `MORE`, or the final reply (True: the sync is done)."""

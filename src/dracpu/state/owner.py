@@ -38,6 +38,14 @@ from dracpu.metrics import DriverMetrics
 __all__ = ["NodeState", "StateFileError"]
 
 
+def _now() -> float:
+    # The Trio clock (MockClock in tests); 0 outside a Trio run (plain unit tests).
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return 0.0
+
+
 class StateFileError(Exception):
     """The checkpoint could not be written; the message names the file and the OS error."""
 
@@ -86,7 +94,9 @@ class NodeState:
 
     def _publish_pool(self) -> None:
         if self._pool_out is not None:
-            self._pool_out.send_nowait(SharedPoolChanged(cpus=self.store.shared_pool.format()))
+            self._pool_out.send_nowait(
+                SharedPoolChanged(cpus=self.store.shared_pool.format(), at=_now())
+            )
 
     def _publish_claims(
         self, reason: str, reply: trio.MemorySendChannel[CheckpointWritten] | None = None

@@ -9,7 +9,7 @@ from functools import partial
 
 import trio
 
-from dracpu.sim.runtime.simulator import main_runtime
+from dracpu.sim.runtime.simulator import UPDATE_MODES, main_runtime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +23,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, help="unix socket to listen on")
     parser.add_argument("--cgroup-root", required=True, help="directory of the cgroup tree")
     parser.add_argument("--cpus", default="0-7", help="the node's CPUs (default 0-7)")
+    parser.add_argument(
+        "--update-mode",
+        choices=UPDATE_MODES,
+        default="apply",
+        help="how updates to running containers behave: apply them (default); "
+        "containerd-drop (not applied, best-effort ones not reported failed, as containerd); "
+        "report (not applied, every one reported failed); cgroup-differs "
+        "(reported applied, but the cgroup keeps its old value)",
+    )
     args = parser.parse_args(argv)
     try:
-        trio.run(partial(main_runtime, args.socket, args.cgroup_root, node_cpus=args.cpus))
+        trio.run(
+            partial(
+                main_runtime,
+                args.socket,
+                args.cgroup_root,
+                node_cpus=args.cpus,
+                update_mode=args.update_mode,
+            )
+        )
     except OSError as err:
         print(f"dracpu sim runtime: {err}", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ import os
 import signal
 import socket as stdlib_socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -127,6 +127,9 @@ def _serialize(message: Message) -> bytes:
     return bytes(message.SerializeToString())
 
 
+UPDATE_MODES = ("apply", "containerd-drop", "report", "cgroup-differs")
+
+
 class RuntimeSimulator:
     """A container runtime with NRI, for tests and the demo. Constructing it does no I/O."""
 
@@ -167,6 +170,8 @@ class RuntimeSimulator:
         self._fail_updates = 0
         self._drop_updates = 0
         self._mark_failed_updates = 0
+        self.update_mode = "apply"
+        self._update_mode_calls: int | None = None
         self.accepted: list[float] = []
         """`trio.current_time()` of every accepted plugin connection."""
         self.sync_chunks: list[tuple[int, int, bool]] = []
@@ -218,6 +223,33 @@ class RuntimeSimulator:
     def drop_updates(self, n: int) -> None:
         """Never answer the next `n` UpdateContainers calls."""
         self._drop_updates = n
+
+    def set_update_mode(self, mode: str, calls: int | None = None) -> None:
+        """How updates to existing containers (UpdateContainers, and the updates in a
+        CreateContainer reply) are applied, for the next ``calls`` batches (None: until
+        changed):
+
+        - ``apply``: applied; those that cannot be are listed as failed;
+        - ``containerd-drop``: as containerd's NRI adaptation when the update cannot be
+          applied: nothing changes, and updates marked ``ignore_failure`` are left out of
+          the failed list (the plugin hears success);
+        - ``report``: nothing changes and every update is listed as failed (a runtime that
+          reports each failure, as CRI-O does);
+        - ``cgroup-differs``: the runtime records the update as applied and reports
+          success, but the cgroup keeps the value it had.
+        """
+        if mode not in UPDATE_MODES:
+            raise ValueError(f"unknown update mode {mode!r}: want one of {', '.join(UPDATE_MODES)}")
+        self.update_mode = mode
+        self._update_mode_calls = calls
+
+    def _take_update_mode(self) -> str:
+        mode = self.update_mode
+        if self._update_mode_calls is not None:
+            self._update_mode_calls -= 1
+            if self._update_mode_calls <= 0:
+                self.update_mode, self._update_mode_calls = "apply", None
+        return mode
 
     def mark_failed_updates(self, n: int) -> None:
         """List every update of the next `n` UpdateContainers calls as failed."""
@@ -503,11 +535,23 @@ class RuntimeSimulator:
         return ""
 
     def _apply_updates(
-        self, updates: Iterable[api_pb2.ContainerUpdate]
+        self, updates: Sequence[api_pb2.ContainerUpdate]
     ) -> list[api_pb2.ContainerUpdate]:
+        if not updates:
+            return []
+        mode = self._take_update_mode()
+        if mode == "report":
+            return list(updates)
+        if mode == "containerd-drop":
+            return [u for u in updates if not u.ignore_failure]
         failed: list[api_pb2.ContainerUpdate] = []
         for update in updates:
             cpu = update.linux.resources.cpu
+            if mode == "cgroup-differs":
+                container = self._containers.get(update.container_id)
+                if container is not None and cpu.cpus:
+                    container.cpus = cpu.cpus  # recorded as applied; the cgroup keeps its value
+                continue
             error = self._apply_one(update.container_id, cpu.cpus, cpu.mems)
             if error:
                 log.warning("update of container %s failed: %s", update.container_id, error)
@@ -665,9 +709,12 @@ class RuntimeSimulator:
         self.tree.remove(f"/kubepods/pod{pod_uid}")
 
 
-async def main_runtime(socket_path: str, cgroup_root: str, *, node_cpus: str = "0-7") -> None:
+async def main_runtime(
+    socket_path: str, cgroup_root: str, *, node_cpus: str = "0-7", update_mode: str = "apply"
+) -> None:
     """``dracpu sim runtime``: serve until SIGINT or SIGTERM, then remove the socket."""
     simulator = RuntimeSimulator(socket_path, cgroup_root, node_cpus=node_cpus)
+    simulator.set_update_mode(update_mode)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(simulator.run)

@@ -1,0 +1,162 @@
+"""The verifier: after the runtime says it applied a cpuset, read the cgroup back.
+
+A runtime can call an update a success that it never applied: containerd leaves updates
+marked ``ignore_failure`` out of the failed list it returns (docs/how-it-works.md, "Verify,
+don't trust"), and a runtime can apply an update while the cgroup ends up elsewhere. The
+verifier reads ``VerifyCpusets`` messages, reads each container's effective cpuset from
+cgroupfs in a worker thread, and writes those that differ through the cgroupfs writer
+(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``) — after asking the state
+owner again, so a newer intent is never overwritten by an older one. For a pool change it
+observes ``dracpu_pool_convergence_seconds`` once every container is verified.
+
+A claim holder's adjustment is verified too, once its container exists: the runtime
+creates the cgroup after dracpu answered CreateContainer, so such checks wait (bounded)
+for the directory in a task of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+import trio
+
+from dracpu.cgroupfs.paths import CgroupPathError
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
+from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.messages import ContainerIntent, VerifyCpusets
+from dracpu.metrics import DriverMetrics
+
+__all__ = ["Verifier"]
+
+log = logging.getLogger(__name__)
+
+CAUSE = "verify-mismatch"
+
+
+class Verifier:
+    """Read back, compare, write what differs (see the module docstring)."""
+
+    def __init__(
+        self,
+        writer: CgroupWriter,
+        intents: Callable[[], Iterable[ContainerIntent]],
+        *,
+        metrics: DriverMetrics | None = None,
+        create_wait: float = 2.0,
+        create_poll: float = 0.05,
+    ) -> None:
+        self.writer = writer
+        self._intents = intents
+        self.metrics = metrics
+        self.create_wait = create_wait
+        self.create_poll = create_poll
+        self.verified = 0
+        self.rewritten = 0
+
+    async def run(
+        self,
+        inbox: trio.MemoryReceiveChannel[VerifyCpusets],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async for message in inbox:
+                if message.cause == "create":
+                    nursery.start_soon(self._verify_created, message)
+                else:
+                    await self.verify(message)
+
+    async def verify(self, message: VerifyCpusets) -> list[str]:
+        """Verify now; returns the ids of the containers written because they differed."""
+        wanted = [i for i in message.intents if i.cgroups_path]
+        differing = await trio.to_thread.run_sync(self._differing, wanted)
+        written = await self._rewrite(differing)
+        self.verified += len(wanted)
+        if message.since and self.metrics is not None:
+            self.metrics.pool_convergence.observe(max(0.0, trio.current_time() - message.since))
+        return written
+
+    async def _verify_created(self, message: VerifyCpusets) -> None:
+        # The container's cgroup appears once the runtime created it after our reply.
+        with trio.move_on_after(self.create_wait):
+            while not await trio.to_thread.run_sync(self._all_exist, message.intents):
+                await trio.sleep(self.create_poll)
+        await self.verify(message)
+
+    def _all_exist(self, intents: Sequence[ContainerIntent]) -> bool:
+        try:
+            return all(
+                os.path.isdir(self.writer.directory_of(i.cgroups_path))
+                for i in intents
+                if i.cgroups_path
+            )
+        except CgroupPathError:
+            return True  # nothing to wait for: the path cannot be resolved at all
+
+    def _differing(self, intents: Sequence[ContainerIntent]) -> list[ContainerIntent]:
+        """Blocking: the intents whose cgroup enforces something else (gone ones skipped)."""
+        out: list[ContainerIntent] = []
+        for intent in intents:
+            try:
+                directory = self.writer.directory_of(intent.cgroups_path)
+                if not os.path.isdir(directory):
+                    continue  # stopped meanwhile, or never created
+                if self._differs(directory, intent):
+                    out.append(intent)
+            except (CgroupPathError, CgroupWriteError, CPUSetParseError):
+                continue  # no hierarchy (warned at start), or the cgroup vanished mid-read
+        return out
+
+    def _differs(self, directory: str, intent: ContainerIntent) -> bool:
+        if self.writer.read_effective_cpus(directory) != CPUSet.parse(intent.cpus):
+            return True
+        mems = intent.mems
+        return bool(mems) and self.writer.read_effective_mems(directory) != CPUSet.parse(mems)
+
+    async def _rewrite(self, differing: list[ContainerIntent]) -> list[str]:
+        if not differing:
+            return []
+        # Ask the owner again: write only what it still intends (a newer push may be on
+        # its way and will be verified in turn).
+        current = {i.container_id: i for i in self._intents()}
+        still = [i for i in differing if _same(current.get(i.container_id), i)]
+        if not still:
+            return []
+        with trio.CancelScope(shield=True):
+            results = await trio.to_thread.run_sync(self.writer.write_many, still)
+        written: list[str] = []
+        for intent, outcome in results:
+            if isinstance(outcome, Exception):
+                error = str(outcome)
+            else:
+                error = "" if outcome.ok else outcome.describe_mismatch()
+            if self.metrics is not None:
+                self.metrics.count_fallback_write("error" if error else "success", CAUSE)
+            if error:
+                log.warning(
+                    "cpuset of container %s differs after the runtime's update and cannot be "
+                    "written: %s",
+                    intent.container_id,
+                    error,
+                )
+                continue
+            written.append(intent.container_id)
+            log.info(
+                "fallback cpuset write container_id=%s cpus=%s reason=%s",
+                intent.container_id,
+                intent.cpus,
+                "the cgroup differed after the runtime's update",
+            )
+        self.rewritten += len(written)
+        return written
+
+
+def _same(current: ContainerIntent | None, intent: ContainerIntent) -> bool:
+    return (
+        current is not None
+        and current.cpus == intent.cpus
+        and (not intent.mems or current.mems == intent.mems)
+    )
