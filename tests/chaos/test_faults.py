@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,11 +41,9 @@ def a_slice(name: str) -> dict[str, object]:
 
 
 @pytest.fixture
-def workdir() -> Iterator[str]:
-    """A short directory under /tmp (unix socket paths stay short), removed afterwards."""
-    path = tempfile.mkdtemp(prefix="drf", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def workdir(short_tmp: str) -> str:
+    """The simulated node's work directory: short, for its unix sockets."""
+    return short_tmp
 
 
 async def test_each_fault_hits_its_target(workdir: str) -> None:
@@ -112,7 +107,18 @@ async def test_each_fault_hits_its_target(workdir: str) -> None:
             "next 3 UpdateContainers unanswered"
         )
         assert runtime._drop_updates == 3
+        # ... or say yes and not apply them (containerd), or record them while the cgroups
+        # keep their cpusets.
+        assert await chaos._inject(Action(0, "update-fail", value=48)) == (
+            "next 1 update batches silently not applied"
+        )
+        assert runtime.update_mode == "containerd-drop"
+        assert await chaos._inject(Action(0, "update-fail", value=65)) == (
+            "next 3 update batches recorded but the cgroups keep their cpusets"
+        )
+        assert runtime.update_mode == "cgroup-differs"
         chaos._quiesce()
+        assert runtime.update_mode == "apply"
         assert node.api.faults.pending() == 0
         assert (runtime._fail_updates, runtime._mark_failed_updates, runtime._drop_updates) == (
             0,

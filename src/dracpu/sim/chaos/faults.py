@@ -72,7 +72,14 @@ async def _drop_nri(node: SimNode, action: Action, say: Say) -> str | None:
 async def _fail_updates(node: SimNode, action: Action, say: Say) -> str | None:
     runtime = _runtime(node)
     n = 1 + action.value % 3
-    how = (action.value >> 4) % 3
+    how = (action.value >> 4) % 5
+    if how == 3:
+        # As containerd: the runtime says yes to best-effort updates it did not apply.
+        runtime.set_update_mode("containerd-drop", calls=n)
+        return f"next {n} update batches silently not applied"
+    if how == 4:
+        runtime.set_update_mode("cgroup-differs", calls=n)
+        return f"next {n} update batches recorded but the cgroups keep their cpusets"
     if how == 0:
         runtime.fail_updates(n)
         return f"next {n} UpdateContainers fail"

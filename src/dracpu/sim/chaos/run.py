@@ -223,6 +223,7 @@ class ChaosRun:
         runtime.fail_updates(0)
         runtime.mark_failed_updates(0)
         runtime.drop_updates(0)
+        runtime.set_update_mode("apply")
 
     async def _settle_reasons(self, drift_baseline: tuple[int, int]) -> list[str]:
         """Why the node is not settled yet (empty: settled)."""
