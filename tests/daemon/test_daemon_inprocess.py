@@ -4,18 +4,16 @@ pushed to shared containers, and start-up errors."""
 
 from __future__ import annotations
 
-import http.client
 import json
+import logging
 import os
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import trio
+from builders import allocation, device_result, fetch, no_signals, resource_claim
 
 from dracpu.config import DriverConfig
 from dracpu.cpuset import CPUSet
@@ -28,23 +26,6 @@ from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.runtime.simulator import RuntimeSimulator
 
 FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
-
-
-@contextmanager
-def no_signals(*signals: int) -> Iterator[AsyncIterator[int]]:
-    send, receive = trio.open_memory_channel[int](1)
-    with send:
-        yield receive
-
-
-def fetch(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def register(socket_path: str) -> reg_pb.PluginInfo:
@@ -74,8 +55,8 @@ def dra_call(socket_path: str, method: str, request: Any, reply: Any) -> Any:
 class Node:
     """A loopback API server and NRI runtime in a short temp dir, and a daemon config."""
 
-    def __init__(self, fixture: str = "xeon-2s-ht", **config: Any) -> None:
-        self.dir = tempfile.mkdtemp(prefix="dd", dir="/tmp")
+    def __init__(self, directory: str, fixture: str = "xeon-2s-ht", **config: Any) -> None:
+        self.dir = directory
         self.api = SimAPIServer()
         self.runtime = RuntimeSimulator(self.path("nri.sock"), self.path("cg"), node_cpus="0-79")
         settings: dict[str, Any] = dict(
@@ -109,41 +90,15 @@ class Node:
 
     def allocated_claim(self, name: str, device: str, cpus: int) -> str:
         """Create a claim allocated on ``device``; returns the UID the API server gave it."""
-        self.api.create(
-            "resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
-                    }
-                },
-            },
-        )
+        self.api.create("resourceclaims", resource_claim(name))
         claim = self.api.get("resourceclaims", name, "default")
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "cpus",
-                            "driver": "dra.cpu",
-                            "pool": "node-a",
-                            "device": device,
-                            "consumedCapacity": {"dra.cpu/cpu": str(cpus)},
-                        }
-                    ]
-                }
-            }
-        }
+        claim["status"] = {"allocation": allocation(device_result(device, cpus))}
         self.api.update("resourceclaims", claim, subresource="status")
         return str(claim["metadata"]["uid"])
 
 
-async def test_daemon_starts_in_order_pins_and_pushes_the_pool() -> None:
-    node = Node()
+async def test_daemon_starts_in_order_pins_and_pushes_the_pool(short_tmp: str) -> None:
+    node = Node(short_tmp)
     seen: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
         await node.start(nursery)
@@ -217,8 +172,8 @@ async def test_daemon_starts_in_order_pins_and_pushes_the_pool() -> None:
     assert len(CPUSet.parse(cpus)) == 4 and CPUSet.parse(cpus) <= CPUSet.parse("20-39,60-79")
 
 
-async def test_no_devices_publishes_nothing_and_keeps_old_slices() -> None:
-    node = Node(reservedCPUs="0-79")
+async def test_no_devices_publishes_nothing_and_keeps_old_slices(short_tmp: str) -> None:
+    node = Node(short_tmp, reservedCPUs="0-79")
     stale = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -259,9 +214,9 @@ async def test_no_devices_publishes_nothing_and_keeps_old_slices() -> None:
     ],
 )
 async def test_startup_errors_fail_the_daemon_with_the_step(
-    config: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
+    config: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture, short_tmp: str
 ) -> None:
-    node = Node(**config)
+    node = Node(short_tmp, **config)
     async with trio.open_nursery() as nursery:
         await node.start(nursery)
         sup = Supervisor()
@@ -272,14 +227,14 @@ async def test_startup_errors_fail_the_daemon_with_the_step(
 
 
 async def test_no_registration_is_logged_and_readyz_says_why(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, short_tmp: str
 ) -> None:
     """No kubelet: dracpu keeps serving, /readyz names what it waits for, and the log says
     why every REGISTRATION_WAIT (upstream would exit after 30 s)."""
     import dracpu.daemon.app as app
 
     monkeypatch.setattr(app, "REGISTRATION_WAIT", 0.3)
-    node = Node()
+    node = Node(short_tmp)
     seen: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
         await node.start(nursery)
@@ -306,8 +261,8 @@ async def test_no_registration_is_logged_and_readyz_says_why(
     assert err.startswith("kubelet never reported a registration status, check that it watches ")
 
 
-async def test_align_memory_pins_mems_to_the_claims_numa_nodes() -> None:
-    node = Node(alignMemory=True)
+async def test_align_memory_pins_mems_to_the_claims_numa_nodes(short_tmp: str) -> None:
+    node = Node(short_tmp, alignMemory=True)
     node.runtime.node_mems = "0-1"
     seen: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
@@ -350,3 +305,32 @@ async def test_align_memory_pins_mems_to_the_claims_numa_nodes() -> None:
     assert CPUSet.parse(seen["cpus"]) <= CPUSet.parse("20-39,60-79")  # NUMA node 1
     assert seen["mems"] == "1"
     assert seen["shared_mems"] == "0-1"  # shared containers keep the runtime's default
+
+
+async def test_no_cpuset_hierarchy_is_one_startup_warning_and_a_metric(
+    short_tmp: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = os.path.join(short_tmp, "no-cgroups")
+    os.makedirs(empty)
+    node = Node(short_tmp, cgroupRoot=empty)
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            await trio.sleep(0.3)
+            s.request_stop("done")
+
+        with caplog.at_level(logging.WARNING):
+            code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    lines = [r for r in caplog.records if "cpusets cannot be verified" in r.getMessage()]
+    assert len(lines) == 1
+    err = getattr(lines[0], "dracpu_kv", {}).get("err", "")
+    assert err.startswith(f"no cpuset cgroup hierarchy under '{empty}'")
+    assert f"{empty}/cgroup.controllers" in err and f"{empty}/cpuset" in err
+    found = daemon.registry.get_sample_value("dracpu_cgroup_cpuset_hierarchy_found")
+    assert found == 0

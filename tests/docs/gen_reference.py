@@ -27,6 +27,7 @@ import msgspec
 from dracpu.config import UPSTREAM_KEYS, ConfigError, DriverConfig, load_config
 from dracpu.flags import COMMANDS, COMPATIBILITY_PATHS, ROOT_FLAGS, FlagSpec
 from dracpu.metrics import (
+    CONVERGENCE_BUCKETS,
     CPU_COUNT_BUCKETS,
     DRACPU_METRIC_DEFINITIONS,
     DURATION_BUCKETS,
@@ -129,6 +130,8 @@ def _buckets(name: str) -> str:
         return ", ".join(str(b) for b in DURATION_BUCKETS)
     if name == "dra_cpu_claim_allocated_cpus":
         return ", ".join(str(b) for b in CPU_COUNT_BUCKETS)
+    if name == "dracpu_pool_convergence_seconds":
+        return ", ".join(str(b) for b in CONVERGENCE_BUCKETS)
     return ""
 
 

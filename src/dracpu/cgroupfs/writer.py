@@ -258,6 +258,20 @@ class CgroupWriter:
             self._layout = detect_layout(self.cgroup_root)
         return self._layout
 
+    def find_hierarchy(self) -> str | None:
+        """Look for the cpuset hierarchy (blocking); None when found, else why not (with
+        the paths tried). The answer is not cached when nothing is found, so a mount that
+        appears later is found on the next use."""
+        try:
+            self.layout  # noqa: B018 - detection is the point
+        except CgroupPathError as exc:
+            if self.metrics is not None:
+                self.metrics.cpuset_hierarchy_found.set(0)
+            return str(exc)
+        if self.metrics is not None:
+            self.metrics.cpuset_hierarchy_found.set(1)
+        return None
+
     def directory_of(self, cgroups_path: str) -> str:
         """The container's cgroup directory (cached; refuses escapes)."""
         with self._paths_lock:

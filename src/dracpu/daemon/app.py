@@ -277,6 +277,13 @@ class Daemon:
         )
         self._build_services()
         assert self.kubelet and self.plugin and self.session and self.writer and self.watcher
+        problem = await trio.to_thread.run_sync(self.writer.find_hierarchy)
+        if problem:
+            log.warning(
+                "cpusets cannot be verified or repaired: the fallback writer, the verifier "
+                "and the drift watcher stay idle until the hierarchy appears",
+                err=problem,
+            )
         assert self.verifier is not None
         pusher = PoolPusher(
             self.state.pool_changes(),
