@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from topo_builders import Row, cs, from_rows, grid
+from builders import Row, cs, from_rows, grid
 
 from dracpu.allocation import (
     DEFAULT_OPTIONS,
@@ -254,7 +254,7 @@ def test_options_from_kv() -> None:
         (
             ["numa=1"],
             "invalid --option 'numa=1': unknown key 'numa' (known: fullPCPUsOnly, "
-            "distributeAcrossNUMA, preferAlignByUncoreCache, strategy)",
+            "distributeAcrossNUMA, preferAlignByUncoreCache, sharedPoolAccess, strategy)",
         ),
         (
             ["strategy=packed", "strategy=spread"],

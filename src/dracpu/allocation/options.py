@@ -5,7 +5,7 @@ whose parameters are an ``AllocationOptions`` object (docs/allocation-options.md
 
     {"apiVersion": "dra.cpu/v1alpha1", "kind": "AllocationOptions",
      "fullPCPUsOnly": true, "distributeAcrossNUMA": false,
-     "preferAlignByUncoreCache": true, "strategy": "packed"}
+     "preferAlignByUncoreCache": true, "strategy": "packed", "sharedPoolAccess": false}
 
 ``kind`` is what tells this object apart from the machine-mode cpuset override
 (``{"apiVersion": "v1alpha1", "cpuConfig": {...}}``), which has none. The CLI spells the
@@ -50,6 +50,9 @@ class AllocationOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     prefer_align_by_uncore_cache: bool = True
     full_pcpus_only: bool = False
     distribute_across_numa: bool = False
+    # Not an allocation choice: the claim holder's cpuset is its exclusive CPUs plus the
+    # shared pool (kept up to date), while DRA_CPUSET_<uid> names only the exclusive ones.
+    shared_pool_access: bool = False
 
     def __post_init__(self) -> None:
         # kubelet rejects the same pair: spread hands out one thread per core on purpose.
@@ -74,6 +77,7 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     )
     full_pcpus_only: bool = msgspec.field(default=False, name="fullPCPUsOnly")
     distribute_across_numa: bool = msgspec.field(default=False, name="distributeAcrossNUMA")
+    shared_pool_access: bool = msgspec.field(default=False, name="sharedPoolAccess")
 
 
 _JSON_DECODER = msgspec.json.Decoder(dict[str, object])
@@ -105,6 +109,7 @@ def parse_allocation_options(params: Mapping[str, object]) -> AllocationOptions:
             prefer_align_by_uncore_cache=wire.prefer_align_by_uncore_cache,
             full_pcpus_only=wire.full_pcpus_only,
             distribute_across_numa=wire.distribute_across_numa,
+            shared_pool_access=wire.shared_pool_access,
         )
     except AllocationOptionsError as exc:
         raise AllocationOptionsError(f"invalid allocation options: {exc}") from None
@@ -124,6 +129,7 @@ _KV_FIELDS = {
     "fullPCPUsOnly": "full_pcpus_only",
     "distributeAcrossNUMA": "distribute_across_numa",
     "preferAlignByUncoreCache": "prefer_align_by_uncore_cache",
+    "sharedPoolAccess": "shared_pool_access",
     "strategy": "strategy",
 }
 _BOOLS = {"true": True, "false": False}

@@ -81,6 +81,11 @@ class ClaimRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     devices: tuple[PreparedDevice, ...] = ()
     options: dict[str, AllocationOptions] = msgspec.field(default_factory=dict)
 
+    @property
+    def shared_pool_access(self) -> bool:
+        """A request of the claim asked for the shared pool beside its exclusive CPUs."""
+        return any(o.shared_pool_access for o in self.options.values())
+
 
 class StoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Gauge values (§15): sizes of the prepared CPUs, the shared pool, the configured

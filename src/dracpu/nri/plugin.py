@@ -107,25 +107,24 @@ class NRIPlugin:
         return [by_id[cid] for cid in containers.shared_container_ids() if cid in by_id]
 
     def _shared_updates(self, exclude: str = "") -> list[ContainerIntent]:
-        pool = self._state.shared_pool
+        """Updates for every container that follows the shared pool: the shared ones, and
+        claim holders whose claims asked for ``sharedPoolAccess`` (their claims' CPUs plus
+        the pool)."""
+        state = self._state
+        pool = state.shared_pool
         records = [r for r in self._shared_records() if r.container_id != exclude]
-        if not records:
-            return []
-        if not pool:
+        out: list[ContainerIntent] = []
+        if records and not pool:
             log.error("cannot confine %d shared containers: %s", len(records), EMPTY_SHARED_POOL)
-            return []
-        cpus = pool.format()
-        return [
-            ContainerIntent(
-                container_id=r.container_id,
-                cpus=cpus,
-                cgroups_path=r.cgroups_path,
-                pod_uid=r.pod_uid,
-                name=r.name,
-                ignore_failure=True,
-            )
-            for r in records
-        ]
+        elif records:
+            cpus = pool.format()
+            out = [_update(r, cpus) for r in records]
+        for record in state.containers:
+            claims = record.claim_uids
+            if claims and record.container_id != exclude and state.follows_pool(claims):
+                whole = state.holder_cpus(claims)
+                out.append(_update(record, whole.format(), state.mems(whole)))
+        return out
 
     def shared_pool_updates(self) -> list[ContainerIntent]:
         """Updates moving every shared container to the current shared pool.
@@ -146,7 +145,7 @@ class NRIPlugin:
         pool = state.shared_pool
         out: list[ContainerIntent] = []
         for record in state.containers:
-            cpus = state.claims_cpus(record.claim_uids) if record.claim_uids else CPUSet()
+            cpus = state.holder_cpus(record.claim_uids) if record.claim_uids else CPUSet()
             mems = state.mems(cpus)
             if not cpus:
                 cpus = pool
@@ -203,9 +202,8 @@ class NRIPlugin:
         except StoreError as exc:
             self._state.unbind(newly_bound)
             raise NRIPluginError(str(exc)) from None
-        guaranteed = CPUSet()
-        for cpus in claims.values():
-            guaranteed |= cpus
+        # The env's CPUs equal the claims' (validated); sharedPoolAccess adds the pool.
+        guaranteed = self._state.holder_cpus(claim_uids)
         self._state.put_container(
             ContainerRecord(
                 pod_uid=pod.uid,
@@ -273,16 +271,33 @@ class NRIPlugin:
             pod = pods_by_id.get(container.pod_sandbox_id)
             if pod is not None:
                 sync.add(pod, container)
-        holders = [
-            ContainerIntent(
-                container_id=record.container_id,
-                cpus=cpus.format(),
-                mems=self._state.mems(cpus),
-                cgroups_path=record.cgroups_path,
-                pod_uid=record.pod_uid,
-                name=record.name,
-            )
-            for record, cpus in sync.holders
-        ]
         self._state.synchronized(sync.adopted, sync.owners, sync.records)
-        return holders + self._shared_updates()
+        holders = []
+        for record, _ in sync.holders:
+            cpus = self._state.holder_cpus(record.claim_uids)
+            holders.append(
+                ContainerIntent(
+                    container_id=record.container_id,
+                    cpus=cpus.format(),
+                    mems=self._state.mems(cpus),
+                    cgroups_path=record.cgroups_path,
+                    pod_uid=record.pod_uid,
+                    name=record.name,
+                )
+            )
+        # Holders that follow the pool are in the holders' list already.
+        holder_ids = {record.container_id for record, _ in sync.holders}
+        return holders + [u for u in self._shared_updates() if u.container_id not in holder_ids]
+
+
+def _update(record: ContainerRecord, cpus: str, mems: str = "") -> ContainerIntent:
+    """A best-effort update of another container (it may be exiting, protocols.md 6.6)."""
+    return ContainerIntent(
+        container_id=record.container_id,
+        cpus=cpus,
+        mems=mems,
+        cgroups_path=record.cgroups_path,
+        pod_uid=record.pod_uid,
+        name=record.name,
+        ignore_failure=True,
+    )

@@ -165,6 +165,22 @@ class NodeState:
             ],
         }
 
+    def follows_pool(self, claim_uids: Sequence[str]) -> bool:
+        """Whether a claim holder also runs on the shared pool (``sharedPoolAccess``)."""
+        for uid in claim_uids:
+            record = self.store.get(uid)
+            if record is not None and record.shared_pool_access:
+                return True
+        return False
+
+    def holder_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
+        """A claim holder's whole cpuset: its claims' CPUs, plus the shared pool when one
+        of them asked for ``sharedPoolAccess``."""
+        cpus = self.claims_cpus(claim_uids)
+        if self.follows_pool(claim_uids):
+            cpus |= self.store.shared_pool
+        return cpus
+
     def mems(self, cpus: CPUSet) -> str:
         return self.mems_of(cpus) if self.mems_of is not None and cpus else ""
 
