@@ -8,6 +8,9 @@ Files are laid out as Linux does: ``cpuN/topology/*``, ``cpuN/cache/indexK/*``,
 
 Run from the repo root: ``.venv/bin/python tools/gen_fake_sysfs.py [NAME ...]`` (all by
 default). The tree is rewritten from scratch; the checked-in output is what tests read.
+``--check`` (``make fixtures-check``) writes every tree into a temp dir instead and exits 1
+if the checked-in trees differ from it in any file, symlink or directory. The machine
+shapes are described in ``tests/fake_sysfs/README.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +57,9 @@ class Machine:
     e_cores: CPUSet | None = None
     cache_ids: bool = True  # ARM firmware often gives caches no id
     pcie: dict[str, CPUSet] = field(default_factory=dict)
+    # Kernel boot parameters isolcpus= and nohz_full= (None: the files are not written).
+    isolated: CPUSet | None = None
+    nohz_full: CPUSet | None = None
 
     @property
     def present(self) -> CPUSet:
@@ -94,6 +101,10 @@ def write_machine(m: Machine, out: Path) -> None:
     _write(cpu_dir / "present", f"{m.present}\n")
     if m.smt_control is not None:
         _write(cpu_dir / "smt/control", f"{m.smt_control}\n")
+    if m.isolated is not None:
+        _write(cpu_dir / "isolated", f"{m.isolated}\n")
+    if m.nohz_full is not None:
+        _write(cpu_dir / "nohz_full", f"{m.nohz_full}\n")
     if m.e_cores is not None:
         _write(root / "devices/cpu_atom/cpus", f"{m.e_cores}\n")
     nodes = sorted({c.node for c in m.cpus})
@@ -230,6 +241,21 @@ def offline_holes() -> Machine:
     return Machine("offline-holes", cpus, online, pcie={"pci0000:00": online})
 
 
+def isolated_rt() -> Machine:
+    """A low-latency node: 8 HT cores (CPU c and c+8), booted with isolcpus=2-7,10-15 and
+    nohz_full=4-7,12-15; the kernel keeps 0-1,8-9 for housekeeping."""
+    cpus = [Cpu(c, 0, c % 8, 0, cluster=c % 8, l1=c % 8, l2=c % 8, l3=0) for c in range(16)]
+    everything = _cpuset("0-15")
+    return Machine(
+        "isolated-rt",
+        cpus,
+        everything,
+        pcie={"pci0000:00": everything},
+        isolated=_cpuset("2-7,10-15"),
+        nohz_full=_cpuset("4-7,12-15"),
+    )
+
+
 MACHINES: dict[str, Callable[[], Machine]] = {
     "xeon-2s-ht": lambda: xeon("xeon-2s-ht", snc=False),
     "xeon-snc": lambda: xeon("xeon-snc", snc=True),
@@ -240,7 +266,78 @@ MACHINES: dict[str, Callable[[], Machine]] = {
     "arm-server": arm_server,
     "vm-1cpu": vm_1cpu,
     "offline-holes": offline_holes,
+    "isolated-rt": isolated_rt,
 }
+
+
+# -- drift check ----------------------------------------------------------------------------
+
+# Files in the fixtures directory that no machine writes.
+NOT_GENERATED = {"README.md"}
+
+
+def _entries(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every path below ``root`` (relative) -> ("dir", "") | ("link", target) | ("file", data)."""
+    found: dict[str, tuple[str, bytes | str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        for name in dirnames + filenames:
+            path = here / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[rel] = ("dir", "")
+            else:
+                found[rel] = ("file", path.read_bytes())
+    return found
+
+
+def _scratch_dir() -> str | None:
+    """Where to write the fresh trees: /dev/shm when it has room (some 30,000 small files
+    write several times faster to memory than to a busy disk), else the default temp dir."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    room = st.f_bavail * st.f_frsize >= 512 << 20 and st.f_favail >= 100_000
+    return "/dev/shm" if room and os.access("/dev/shm", os.W_OK) else None
+
+
+def check(names: list[str], out: Path) -> list[str]:
+    """What differs between the trees under ``out`` and a fresh generation; empty if none."""
+    problems: list[str] = []
+    if names == list(MACHINES):
+        for extra in sorted(p.name for p in out.iterdir()):
+            if extra not in MACHINES and extra not in NOT_GENERATED:
+                problems.append(f"{extra}: not a machine of this tool")
+    with tempfile.TemporaryDirectory(prefix="fake-sysfs-", dir=_scratch_dir()) as tmp:
+        for name in names:
+            write_machine(MACHINES[name](), Path(tmp))
+            fresh, committed = _entries(Path(tmp, name)), _entries(out / name)
+            for rel in sorted(fresh.keys() | committed.keys()):
+                where = f"{name}/{rel}"
+                if rel not in committed:
+                    problems.append(f"{where}: missing")
+                elif rel not in fresh:
+                    problems.append(f"{where}: not written by the tool")
+                elif fresh[rel] != committed[rel]:
+                    problems.append(f"{where}: {_difference(committed[rel], fresh[rel])}")
+    return problems
+
+
+def _difference(committed: tuple[str, bytes | str], fresh: tuple[str, bytes | str]) -> str:
+    (kind, old), (fresh_kind, new) = committed, fresh
+    if kind != fresh_kind:
+        return f"is a {kind}, the tool writes a {fresh_kind}"
+    if kind == "link":
+        return f"links to {old!s}, the tool's links to {new!s}"
+    return f"holds {_short(old)}, the tool writes {_short(new)}"
+
+
+def _short(data: bytes | str) -> str:
+    text = repr(data)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,11 +346,31 @@ def main(argv: list[str] | None = None) -> int:
         "names", nargs="*", help=f"fixtures to write (default: all of {', '.join(MACHINES)})"
     )
     parser.add_argument("--out", type=Path, default=OUT, help="output directory")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write into a temp dir and exit 1 if the trees under --out differ from it",
+    )
     args = parser.parse_args(argv)
     names = args.names or list(MACHINES)
     unknown = [n for n in names if n not in MACHINES]
     if unknown:
         parser.error(f"unknown fixture(s): {', '.join(unknown)}")
+    if args.check:
+        problems = check(names, args.out)
+        if problems:
+            print(
+                f"gen_fake_sysfs: {len(problems)} path(s) drift from a fresh generation;"
+                " run `.venv/bin/python tools/gen_fake_sysfs.py` and commit the result:",
+                file=sys.stderr,
+            )
+            for line in problems[:50]:
+                print(f"  {line}", file=sys.stderr)
+            if len(problems) > 50:
+                print(f"  ... and {len(problems) - 50} more", file=sys.stderr)
+            return 1
+        print(f"gen_fake_sysfs: {len(names)} sysfs trees up to date")
+        return 0
     for name in names:
         write_machine(MACHINES[name](), args.out)
         print(f"wrote {args.out / name}")

@@ -1,4 +1,5 @@
-"""The CPU map: which claim, the shared pool or the reserved set holds each CPU.
+"""The CPU map: which claim, the shared pool, the reserved set or nobody (isolated CPUs)
+holds each CPU.
 
 Printed by `dracpu demo` and `dracpu map`. One line per L3 group (socket → NUMA node → L3),
 one cell per physical core holding one mark per hardware thread, then a legend::
@@ -26,8 +27,13 @@ __all__ = ["CPURow", "render_cpu_map", "rows_from_document", "rows_from_topology
 
 SHARED_MARK = "."
 RESERVED_MARK = "r"
+ISOLATED_MARK = "i"
 UNMANAGED_MARK = "-"
-_CLAIM_MARKS = string.ascii_uppercase + string.ascii_lowercase.replace("r", "") + string.digits
+_CLAIM_MARKS = (
+    string.ascii_uppercase
+    + string.ascii_lowercase.replace("r", "").replace("i", "")
+    + string.digits
+)
 _OVERFLOW_MARK = "#"
 
 
@@ -62,7 +68,7 @@ def rows_from_document(doc: Mapping[str, Any]) -> list[CPURow]:
 
 
 def _marks(
-    claims: Mapping[str, CPUSet], shared: CPUSet, reserved: CPUSet
+    claims: Mapping[str, CPUSet], shared: CPUSet, reserved: CPUSet, isolated: CPUSet
 ) -> tuple[dict[int, str], list[tuple[str, str, CPUSet]]]:
     owner: dict[int, str] = {}
     legend: list[tuple[str, str, CPUSet]] = []
@@ -75,9 +81,14 @@ def _marks(
         owner.setdefault(cpu, SHARED_MARK)
     for cpu in reserved:
         owner.setdefault(cpu, RESERVED_MARK)
+    free_isolated = CPUSet(c for c in isolated if c not in owner)
+    for cpu in free_isolated:
+        owner[cpu] = ISOLATED_MARK
     legend.append((SHARED_MARK, "shared pool", shared))
     if reserved:
         legend.append((RESERVED_MARK, "reserved", reserved))
+    if free_isolated:
+        legend.append((ISOLATED_MARK, "isolated, unclaimed", free_isolated))
     return owner, legend
 
 
@@ -92,9 +103,11 @@ def render_cpu_map(
     claims: Mapping[str, CPUSet],
     shared: CPUSet,
     reserved: CPUSet = CPUSet(),  # noqa: B008 - CPUSet is immutable
+    isolated: CPUSet = CPUSet(),  # noqa: B008
 ) -> str:
-    """The map as text; ``claims`` maps a label (e.g. ``ns/claim``) to its CPUs."""
-    owner, legend = _marks(claims, shared, reserved)
+    """The map as text; ``claims`` maps a label (e.g. ``ns/claim``) to its CPUs;
+    ``isolated`` CPUs that no claim holds are marked apart (they are never shared)."""
+    owner, legend = _marks(claims, shared, reserved, isolated)
     groups: dict[tuple[int, int, int], dict[tuple[int, int, int], list[int]]] = {}
     for row in sorted(rows, key=lambda r: (r.socket, r.numa, r.l3, r.cpu)):
         cores = groups.setdefault((row.socket, row.numa, row.l3), {})

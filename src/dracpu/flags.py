@@ -1,4 +1,4 @@
-"""Root flags of `dracpu` with Go `flag` package semantics (behavior.md §2.2).
+"""Root flags of `dracpu` with Go `flag` package semantics.
 
 The Go driver parses its command line with the standard `flag` package, and operators'
 manifests are written against that: `-x` and `--x` are the same flag; a value flag takes
@@ -24,7 +24,6 @@ __all__ = [
     "ParsedFlags",
     "flag_spec",
     "go_int_literal",
-    "go_quote",
     "parse_bool",
     "parse_flags",
     "parse_int",
@@ -256,6 +255,14 @@ ROOT_FLAGS: tuple[FlagSpec, ...] = (
         "also set cpuset.mems of claim holders to the NUMA nodes of their CPUs",
     ),
     FlagSpec(
+        "publish-isolated-cpus",
+        "bool",
+        True,
+        "publishIsolatedCPUs",
+        "publish the CPUs the kernel isolates (isolcpus=) as devices claims can get; "
+        "they are never in the shared pool either way",
+    ),
+    FlagSpec(
         "v", "int", 0, None, "log verbosity (0 key events, 2 decisions, 4 allocation, 6 debug)"
     ),
     FlagSpec("vmodule", "string", "", None, "per-file verbosity, e.g. allocation=6,nri=4"),
@@ -345,25 +352,63 @@ COMPATIBILITY_PATHS: tuple[tuple[str, str], ...] = (
 USAGE_EXAMPLE = "dracpu --config=/etc/dracpu/config.yaml --kubelet-root-dir=/var/lib/kubelet"
 
 
-def _value_name(spec: FlagSpec) -> str:
-    # flag.UnquoteUsage: bools show nothing, custom Value types (the enums) show "value".
-    return {"bool": "", "int": "int", "string": "string", "enum": "value"}[spec.kind]
+# What a value flag's argument is, as the help shows it (argparse's metavar).
+_METAVARS = {
+    "config": "FILE",
+    "kubeconfig": "FILE",
+    "sysfs-overlay": "FILE",
+    "bind-address": "ADDRESS",
+    "debug-address": "ADDRESS",
+    "hostname-override": "NAME",
+    "reserved-cpus": "CPUS",
+    "nri-socket": "SOCKET",
+    "vmodule": "PATTERN=N,...",
+    "v": "N",
+}
+_HELP_WIDTH = 88
+_HELP_COLUMN = 26
+FLAG_SYNTAX_NOTE = (
+    "Flags are parsed as Go's flag package parses them, so manifests written for the Go "
+    "driver keep working: -flag and --flag are the same flag; a value is --flag=VALUE or "
+    "--flag VALUE; a boolean is --flag or --flag=false (never --flag false); parsing stops "
+    "at the first argument that is not a flag."
+)
 
 
-def _flag_defaults(specs: Iterable[FlagSpec]) -> list[str]:
-    """The flag list as Go's FlagSet.PrintDefaults lays it out (sorted by name)."""
+def _metavar(spec: FlagSpec) -> str:
+    if spec.kind == "bool":
+        return ""
+    if spec.kind == "enum":
+        return "{" + ",".join(spec.choices) + "}"
+    return _METAVARS.get(spec.name, spec.name.rsplit("-", 1)[-1].upper())
+
+
+def _wrap(text: str, indent: int, first: str = "") -> list[str]:
+    """``text`` wrapped to the help width, every line indented by ``indent`` columns."""
+    import textwrap
+
+    lines = textwrap.wrap(text, _HELP_WIDTH - indent) or [""]
+    pad = " " * indent
+    if first:
+        head = first.ljust(indent) if len(first) < indent - 1 else None
+        if head is None:
+            return [first, *(pad + line for line in lines)]
+        return [head + lines[0], *(pad + line for line in lines[1:])]
+    return [pad + line for line in lines]
+
+
+def _flag_lines(specs: Iterable[FlagSpec]) -> list[str]:
+    """The flag list as argparse lays out its options (sorted by name)."""
     lines = []
     for spec in sorted(specs, key=lambda s: s.name):
-        head = f"  -{spec.name}"
-        if _value_name(spec):
-            head += f" {_value_name(spec)}"
-        # Go puts the help of a one-letter bool flag on the same line; none of ours is one.
+        head = f"  --{spec.name}"
+        if _metavar(spec):
+            head += f" {_metavar(spec)}"
         text = spec.help_text
         if spec.default not in ("", False, 0):
-            shown = go_quote(str(spec.default)) if spec.kind == "string" else str(spec.default)
-            text += f" (default {shown})"
-        lines.append(head)
-        lines.append(f"    \t{text}")
+            shown = str(spec.default).lower() if spec.kind == "bool" else str(spec.default)
+            text += f" (default {go_quote(shown) if spec.kind == 'string' else shown})"
+        lines.extend(_wrap(text, _HELP_COLUMN, head))
     return lines
 
 
@@ -374,18 +419,30 @@ def _command_lines(rows: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def usage_text() -> str:
-    """Printed on `-h`/`--help` and after a flag-parse error (behavior.md §2.2)."""
+    """Printed on `-h`/`--help`, laid out as the subcommands' argparse
+    help is: usage, description, sections, example last."""
     lines = [
-        "Usage:",
+        "usage: dracpu [run] [flags]",
+        "       dracpu COMMAND [flags]",
+        "",
+        *_wrap(
+            "Run the node daemon (`dracpu run` and `dracpu` with flags only are the same), or "
+            "one of the commands below; every command has its own --help.",
+            0,
+        ),
+        "",
+        "commands:",
         *_command_lines(COMMANDS),
         "",
-        "Compatibility paths:",
+        "compatibility paths:",
         *_command_lines(COMPATIBILITY_PATHS),
         "",
-        "Example:",
-        f"  {USAGE_EXAMPLE}",
+        "daemon flags:",
+        *_flag_lines(ROOT_FLAGS),
         "",
-        "Flags:",
-        *_flag_defaults(ROOT_FLAGS),
+        *_wrap(FLAG_SYNTAX_NOTE, 0),
+        "",
+        "example:",
+        f"  {USAGE_EXAMPLE}",
     ]
     return "\n".join(lines) + "\n"

@@ -31,6 +31,8 @@ def topology_document(topo: Topology) -> dict[str, Any]:
         "cpus": cpus,
         "smtEnabled": topo.smt_enabled,
         "pcieRoots": {name: local.format() for name, local in sorted(topo.pcie_roots.items())},
+        "isolated": topo.isolated.format(),
+        "nohzFull": topo.nohz_full.format(),
     }
 
 
@@ -49,6 +51,10 @@ def topology_text(topo: Topology) -> str:
         f"{topo.num_cores} cores, {topo.num_sockets} sockets, {topo.num_numa_nodes} NUMA nodes, "
         f"{topo.num_uncore_caches} L3 caches, SMT {'on' if topo.smt_enabled else 'off'}"
     ]
+    if topo.isolated:
+        lines.append(f"  isolated (isolcpus=, never in the shared pool): {topo.isolated.format()}")
+    if topo.nohz_full:
+        lines.append(f"  nohz_full (no scheduler tick): {topo.nohz_full.format()}")
     skipped = topo.online - topo.all_cpus
     if skipped:
         lines.append(f"  online but skipped (incomplete topology): {skipped.format()}")

@@ -154,6 +154,7 @@ def test_config_dump_lists_every_key_with_zero_values_sorted() -> None:
         "kubeletRootDir: /var/lib/kubelet\n"
         "logFormat: text\n"
         "nriSocket: /var/run/nri/nri.sock\n"
+        "publishIsolatedCPUs: true\n"
         "publishNodeAllocatableResourceMapping: false\n"
         "reservedCPUs: ''\n"
         "stateDir: /var/lib/dracpu\n"

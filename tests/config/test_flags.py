@@ -9,13 +9,13 @@ from dracpu.flags import (
     FlagError,
     FlagSpec,
     flag_spec,
-    go_quote,
     parse_bool,
     parse_flags,
     parse_int,
     parse_root_flags,
     usage_text,
 )
+from dracpu.gofmt import go_quote
 
 DEPRECATION = (
     '(DEPRECATED: prefer driverConfig field "{key}"; this flag will be removed in a future release)'
@@ -52,6 +52,7 @@ def test_root_flag_table() -> None:
         "state-dir": ("string", "/var/lib/dracpu", "stateDir", False),
         "log-format": ("enum", "text", "logFormat", False),
         "align-memory": ("bool", False, "alignMemory", False),
+        "publish-isolated-cpus": ("bool", True, "publishIsolatedCPUs", False),
         "v": ("int", 0, None, False),
         "vmodule": ("string", "", None, False),
     }
@@ -284,10 +285,12 @@ def test_parse_flags_over_another_flag_set() -> None:
 
 
 def test_usage_text_sections_and_commands() -> None:
+    # The daemon's help reads like every subcommand's argparse help.
     text = usage_text()
     lines = text.splitlines()
-    assert lines[0] == "Usage:"
-    usage = lines[1 : lines.index("")]
+    assert lines[0] == "usage: dracpu [run] [flags]"
+    commands = lines.index("commands:")
+    usage = lines[commands + 1 : lines.index("", commands)]
     assert [line.split("  ")[1].strip() for line in usage] == [
         "dracpu [flags]",
         "dracpu run [flags]",
@@ -302,33 +305,49 @@ def test_usage_text_sections_and_commands() -> None:
         "dracpu map [flags]",
         "dracpu version",
     ]
-    compat = lines.index("Compatibility paths:")
+    compat = lines.index("compatibility paths:")
     assert lines[compat + 1].startswith("  dracpu-gatherinfo [flags]  ")
-    assert lines.index("Example:") > compat
-    assert lines.index("Flags:") > lines.index("Example:")
+    assert lines.index("daemon flags:") > compat
+    assert lines.index("example:") > lines.index("daemon flags:")
+    assert "-flag and --flag are the same flag" in " ".join(lines)
     assert text.endswith("\n")
 
 
-def test_usage_flag_list_is_go_print_defaults() -> None:
+def _flag_entries(text: str) -> dict[str, str]:
+    """``--name METAVAR`` -> its help, joined over the wrapped lines."""
+    lines = text.splitlines()
+    body = lines[lines.index("daemon flags:") + 1 :]
+    body = body[: body.index("")]
+    entries: dict[str, str] = {}
+    head = ""
+    for line in body:
+        if line.startswith("  --"):
+            head, _, rest = line[2:].partition("  ")
+            entries[head] = rest.strip()
+        else:
+            entries[head] = f"{entries[head]} {line.strip()}".strip()
+    return entries
+
+
+def test_usage_flag_list_is_sorted_with_defaults() -> None:
     text = usage_text()
-    flags = text.splitlines()[text.splitlines().index("Flags:") + 1 :]
-    heads = flags[0::2]
+    entries = _flag_entries(text)
+    heads = list(entries)
     assert heads == sorted(heads)
     assert len(heads) == len(ROOT_FLAGS)
-    assert all(help_line.startswith("    \t") for help_line in flags[1::2])
-    assert "  -expose-pcie-roots" in heads
-    assert "  -group-by value" in heads and "  -v int" in heads
-    assert "  -bind-address string" in heads
-    assert text.count("(DEPRECATED: prefer driverConfig field") == 5
+    assert "--expose-pcie-roots" in heads
+    assert "--group-by {socket,numanode,machine}" in heads and "--v N" in heads
+    assert "--bind-address ADDRESS" in heads
+    joined = " ".join(entries.values())
+    assert joined.count("(DEPRECATED: prefer driverConfig field") == 5
     for key in ("cpuDeviceMode", "groupBy", "reservedCPUs", "hostnameOverride", "sysfsOverlay"):
-        assert DEPRECATION.format(key=key) in text
-    by_head = dict(zip(heads, flags[1::2], strict=True))
-    assert by_head["  -bind-address string"].endswith('(default ":8080")')
-    assert by_head["  -group-by value"].endswith(
+        assert DEPRECATION.format(key=key) in joined
+    assert entries["--bind-address ADDRESS"].endswith('(default ":8080")')
+    assert entries["--group-by {socket,numanode,machine}"].endswith(
         f"{DEPRECATION.format(key='groupBy')} (default numanode)"
     )
-    assert by_head["  -log-format value"].endswith("(default text)")
+    assert entries["--log-format {text,json}"].endswith("(default text)")
     # Zero defaults are not shown, as in Go.
-    assert "(default" not in by_head["  -v int"]
-    assert "(default" not in by_head["  -config string"]
-    assert "(default" not in by_head["  -expose-pcie-roots"]
+    assert "(default" not in entries["--v N"]
+    assert "(default" not in entries["--config FILE"]
+    assert "(default" not in entries["--expose-pcie-roots"]

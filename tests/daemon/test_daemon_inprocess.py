@@ -334,3 +334,40 @@ async def test_no_cpuset_hierarchy_is_one_startup_warning_and_a_metric(
     assert f"{empty}/cgroup.controllers" in err and f"{empty}/cpuset" in err
     found = daemon.registry.get_sample_value("dracpu_cgroup_cpuset_hierarchy_found")
     assert found == 0
+
+
+@pytest.mark.parametrize("publish", [True, False])
+async def test_isolated_cpus_never_join_the_shared_pool(short_tmp: str, publish: bool) -> None:
+    """isolated-rt boots with isolcpus=2-7,10-15: shared containers run on 0-1,8-9 only."""
+    node = Node(short_tmp, fixture="isolated-rt", publishIsolatedCPUs=publish)
+    node.runtime = RuntimeSimulator(node.path("nri.sock"), node.path("cg"), node_cpus="0-15")
+    seen: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            assert daemon.session is not None
+            with trio.fail_after(10):
+                await daemon.session.wait_synchronized()
+            await node.runtime.create_pod("p-shared", "shared")
+            shared_id = await node.runtime.create_container("p-shared", "app")
+            seen["cpuset"] = node.runtime.cpuset_of(shared_id)
+            assert daemon.debug_port is not None
+            status, body = await trio.to_thread.run_sync(fetch, daemon.debug_port, "/debug/state")
+            assert status == 200
+            seen["state"] = json.loads(body)
+            s.request_stop("done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    assert seen["cpuset"] == "0-1,8-9"
+    state = seen["state"]
+    assert state["sharedPool"] == "0-1,8-9"
+    assert state["topology"]["isolated"] == "2-7,10-15"
+    assert state["topology"]["nohzFull"] == "4-7,12-15"
+    # Published isolated CPUs can be claimed; unpublished ones are not dracpu's at all.
+    assert state["isolated"] == ("2-7,10-15" if publish else "")

@@ -100,11 +100,14 @@ class StoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 class AllocationStore:
     """Claims and their exclusive CPUs. ``available`` is fixed at construction."""
 
-    def __init__(self, available: CPUSet, reserved: CPUSet) -> None:
+    def __init__(self, available: CPUSet, reserved: CPUSet, isolated: CPUSet | None = None) -> None:
         # The caller passes topology CPUs minus reserved; subtracting again keeps the
         # "reserved is never handed out" promise even when a caller forgets.
         self._available = available - reserved
         self._reserved = reserved
+        # Isolated CPUs (isolcpus=) can be claimed, but the kernel does not balance load
+        # onto them: no shared container ever runs there.
+        self._isolated = (isolated or CPUSet()) & self._available
         self._claims: dict[str, ClaimRecord] = {}
         self._prepared = CPUSet()
         self._pending: dict[str, ClaimRecord] = {}
@@ -128,12 +131,17 @@ class AllocationStore:
         return self._prepared
 
     @property
+    def isolated(self) -> CPUSet:
+        """Allocatable CPUs the kernel isolates; never in the shared pool."""
+        return self._isolated
+
+    @property
     def shared_pool(self) -> CPUSet:
-        return self._available - self._prepared
+        return self._available - self._prepared - self._isolated
 
     @property
     def free(self) -> CPUSet:
-        """CPUs a new reservation may take: the shared pool without pending claims."""
+        """CPUs a new reservation may take: unclaimed, not pending (isolated included)."""
         return self._available - self._prepared - self._pending_cpus
 
     def get(self, claim_uid: str) -> ClaimRecord | None:
@@ -162,7 +170,7 @@ class AllocationStore:
     def snapshot(self) -> StoreSnapshot:
         return StoreSnapshot(
             allocated=len(self._prepared),
-            available=len(self.shared_pool),
+            available=len(self._available - self._prepared),
             reserved=len(self._reserved),
             active=len(self._claims),
         )

@@ -17,7 +17,7 @@ from dracpu.config.goyaml import GoYamlDumper
 from dracpu.config.layers import go_clean_path
 from dracpu.config.schema import ConfigError, DriverConfig
 from dracpu.cpuset import CPUSet, CPUSetParseError
-from dracpu.flags import go_quote
+from dracpu.gofmt import go_quote
 
 __all__ = [
     "SOCKET_PATH_LIMIT",
@@ -143,4 +143,7 @@ def config_fingerprint(cfg: DriverConfig) -> str:
         "exposePCIeRoots": cfg.exposePCIeRoots,
         "publishNodeAllocatableResourceMapping": cfg.publishNodeAllocatableResourceMapping,
     }
+    if not cfg.publishIsolatedCPUs:
+        # Only when set: configurations from before the option keep their fingerprint.
+        payload["publishIsolatedCPUs"] = False
     return hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()

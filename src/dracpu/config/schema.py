@@ -55,8 +55,9 @@ class DriverConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     stateDir: str = "/var/lib/dracpu"
     debugAddress: str = "127.0.0.1:8081"
     logFormat: str = "text"
-    # Beyond upstream, allowed in the file too: not a host path.
+    # Beyond upstream, allowed in the file too: not host paths.
     alignMemory: bool = False
+    publishIsolatedCPUs: bool = True
 
 
 # The keys of the Go driver's Config, in the order §3.1 lists them.
@@ -80,16 +81,15 @@ CANONICAL_KEYS = tuple(sorted((*DriverConfig.__struct_fields__, "apiVersion")))
 
 # Fields a config file may not set, and what to use instead (§3.3 step 6).
 EXCLUDED_HINTS: dict[str, str] = {
-    "bindAddress": "use helm chart's healthzPort instead",
-    "exposePCIeRoots": "use args.exposePCIeRoots instead",
-    "kubeletRootDir": (
-        "use the chart's top-level kubeletRootDir value, or --kubelet-root-dir when running "
-        "the binary directly"
-    ),
+    # Upstream's hints name its Helm chart's values; dracpu has no chart, so they name
+    # the flag (and, for the port, the DaemonSet's probes that must follow it).
+    "bindAddress": "use --bind-address instead (and move the DaemonSet's healthz port with it)",
+    "exposePCIeRoots": "use --expose-pcie-roots instead",
+    "kubeletRootDir": "use --kubelet-root-dir instead",
 }
 # dracpu's own settings that a config file may set (the other dracpu-only keys are host
 # paths and daemon plumbing: flags only).
-FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory",)
+FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory", "publishIsolatedCPUs")
 for _spec in ROOT_FLAGS:
     if (
         _spec.config_key

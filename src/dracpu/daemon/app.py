@@ -193,6 +193,11 @@ class Daemon:
 
     # -- start-up -----------------------------------------------------------------------
 
+    def _unpublished(self, topo: Topology, reserved: CPUSet) -> CPUSet:
+        """CPUs that are neither devices nor allocatable: reserved ones, and isolated ones
+        when ``publishIsolatedCPUs`` is off."""
+        return reserved if self.config.publishIsolatedCPUs else reserved | topo.isolated
+
     def _build_node(self) -> None:
         """Topology, devices and the allocation store (blocking: reads sysfs)."""
         cfg = self.config
@@ -206,7 +211,7 @@ class Daemon:
             settings = DeviceSettings(
                 mode=cfg.cpuDeviceMode,  # type: ignore[arg-type]
                 group_by=cfg.groupBy,  # type: ignore[arg-type]
-                reserved=reserved,
+                reserved=self._unpublished(topo, reserved),
                 expose_pcie_roots=cfg.exposePCIeRoots,
                 publish_node_allocatable=cfg.publishNodeAllocatableResourceMapping,
             )
@@ -217,7 +222,9 @@ class Daemon:
             raise DaemonError("driver failed to initialize: no CPU topology discovered")
         self.topology = topo
         self.inventory = inventory
-        store = AllocationStore(topo.all_cpus - reserved, reserved)
+        store = AllocationStore(
+            topo.all_cpus - self._unpublished(topo, reserved), reserved, isolated=topo.isolated
+        )
 
         def mems_of(cpus: CPUSet) -> str:
             return CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()

@@ -148,6 +148,7 @@ class NodeState:
         owners = self.tracker.owners()
         return {
             "reserved": store.reserved.format(),
+            "isolated": store.isolated.format(),
             "sharedPool": store.shared_pool.format(),
             "claims": [
                 {

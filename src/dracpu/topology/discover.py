@@ -72,6 +72,28 @@ def read_online(reader: SysfsReader) -> CPUSet:
         ) from err
 
 
+def read_kernel_cpu_list(reader: SysfsReader, name: str) -> CPUSet:
+    """``isolated`` or ``nohz_full``: the CPUs the kernel keeps away from its scheduler's
+    load balancing (``isolcpus=``) or from its tick (``nohz_full=``). A missing file, an
+    empty one and ``(null)`` (nohz_full on a kernel booted without it) mean none.
+    Raises ``TopologyError`` naming the file when the list cannot be parsed."""
+    rel = f"{_CPU}/{name}"
+    if not reader.exists(rel):
+        return CPUSet()
+    try:
+        text = reader.read_text(rel).strip()
+    except SysfsError as err:
+        raise TopologyError(f"failed to read {name} CPUs: {err}") from err
+    if not text or text == "(null)":
+        return CPUSet()
+    try:
+        return CPUSet.parse(text)
+    except CPUSetParseError as err:
+        raise TopologyError(
+            f"failed to read {name} CPUs: parse {reader.full_path(rel)}: {err}"
+        ) from err
+
+
 def read_e_cores(reader: SysfsReader) -> CPUSet | None:
     """E-core CPUs on an Intel hybrid machine, None when the machine is not hybrid."""
     rel = "devices/cpu_atom/cpus"
@@ -318,7 +340,15 @@ def discover_topology(
             log.info("detected cpus not local to any detected PCIe Root cpus=%s", stray)
     elif expose_pcie_roots:
         log.info("no PCIe domains detected (PCIe root discovery is only implemented on amd64)")
-    return Topology(cpus=cpus, online=online, smt_enabled=smt, pcie_roots=roots)
+    kept_cpus = CPUSet(cpus)
+    return Topology(
+        cpus=cpus,
+        online=online,
+        smt_enabled=smt,
+        pcie_roots=roots,
+        isolated=read_kernel_cpu_list(reader, "isolated") & kept_cpus,
+        nohz_full=read_kernel_cpu_list(reader, "nohz_full") & kept_cpus,
+    )
 
 
 def discover_from_root(

@@ -64,6 +64,10 @@ class Topology:
     smt_enabled: bool
     # PCIe root name -> local CPUs; empty unless PCIe discovery ran and found roots.
     pcie_roots: Mapping[str, CPUSet] = field(default_factory=dict)
+    # Kept CPUs the kernel isolates from load balancing (isolcpus=) and from its tick
+    # (nohz_full=); never in the shared pool.
+    isolated: CPUSet = field(default_factory=CPUSet)
+    nohz_full: CPUSet = field(default_factory=CPUSet)
 
     # -- sets ---------------------------------------------------------------------------
     @cached_property
