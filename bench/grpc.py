@@ -70,7 +70,7 @@ def _claims() -> list[Any]:
     ]
 
 
-def _service(cdi_dir: str) -> Any:
+def _service(cdi_dir: str, serial: Any = None) -> Any:
     from prometheus_client import CollectorRegistry
 
     from dracpu.allocation.store import AllocationStore
@@ -91,17 +91,40 @@ def _service(cdi_dir: str) -> Any:
         cdi_dir=cdi_dir,
         metrics=DriverMetrics(CollectorRegistry()),
         node_name=NODE,
+        serial=serial,
     )
 
 
+class _AsyncioSerial:
+    """What ``DRAService`` needs from its serializer, on asyncio: dracpu serves on Trio
+    only, so the grpclib side of the comparison brings this adapter of its own."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self._lock = asyncio.Lock()
+
+    def lock(self) -> Any:
+        return self._lock
+
+    async def run_blocking(self, fn: Any, *args: object, inline: bool = False) -> Any:
+        import asyncio
+
+        return fn(*args) if inline else await asyncio.to_thread(fn, *args)
+
+    def shielded(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
 def _serve(kind: str, path: str, cdi_dir: str) -> None:
-    service = _service(cdi_dir)
     if kind == "trio":
         import trio
 
         from dracpu.grpc import serve_unix
 
-        trio.run(serve_unix, path, service.grpc_handlers())
+        trio.run(serve_unix, path, _service(cdi_dir).grpc_handlers())
     else:
         import asyncio
 
@@ -110,11 +133,14 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
         class Handlers:
             """grpclib wants objects with ``__mapping__``; these are the same handlers."""
 
+            def __init__(self, service: Any) -> None:
+                self.service = service
+
             def __mapping__(self) -> Any:
-                return service.grpc_handlers()
+                return self.service.grpc_handlers()
 
         async def main() -> None:
-            server = Server([Handlers()])
+            server = Server([Handlers(_service(cdi_dir, _AsyncioSerial()))])
             await server.start(path=path)
             await server.wait_closed()
 

@@ -78,6 +78,15 @@ def klog_level_for(v: int) -> int:
     return logging.INFO - v
 
 
+def _severity(levelno: int) -> str:
+    """klog's three severities: everything below WARNING (V levels included) is info."""
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warning"
+    return "info"
+
+
 def _verbosity_of(levelno: int) -> int:
     if levelno >= logging.INFO:
         return 0
@@ -265,12 +274,7 @@ class KlogFormatter(logging.Formatter):
         self._pid = os.getpid() if pid is None else pid
 
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno >= logging.ERROR:
-            letter = "E"
-        elif record.levelno >= logging.WARNING:
-            letter = "W"
-        else:
-            letter = "I"
+        letter = _severity(record.levelno)[0].upper()
         tm = time.localtime(record.created)
         micros = int((record.created % 1) * 1_000_000)
         header = (
@@ -297,12 +301,7 @@ class JSONFormatter(logging.Formatter):
     _encoder = msgspec.json.Encoder(enc_hook=_json_default)
 
     def format(self, record: logging.LogRecord) -> str:
-        if record.levelno >= logging.ERROR:
-            level = "error"
-        elif record.levelno >= logging.WARNING:
-            level = "warning"
-        else:
-            level = "info"
+        level = _severity(record.levelno)
         out: dict[str, object] = {
             "ts": round(record.created, 6),
             "level": level,

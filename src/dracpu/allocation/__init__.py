@@ -54,9 +54,7 @@ from dracpu.allocation.prepare import (
     cdi_device_id,
     cdi_device_name,
     cdi_env_entry,
-    commit_plan,
     plan_claim,
-    rollback,
 )
 from dracpu.allocation.quantity import QuantityError, parse_quantity
 from dracpu.allocation.store import (
@@ -101,12 +99,10 @@ __all__ += [
     "cdi_device_id",
     "cdi_device_name",
     "cdi_env_entry",
-    "commit_plan",
     "decode_checkpoint",
     "encode_checkpoint",
     "is_driver_restart",
     "parse_dra_env",
     "parse_quantity",
     "plan_claim",
-    "rollback",
 ]

@@ -3,9 +3,8 @@
 The CDI spec of a prepared claim injects one such entry into every container that uses the
 claim; the NRI plugin reads them back to learn which exclusive CPUs a container holds.
 
-This module also holds the two text forms the claim-facing messages share with upstream's
-Go code: ``go_quote`` (Go's ``%q``) and ``parse_cpuset`` (the kernel list format without the
-one trailing newline that sysfs reads are allowed).
+This module also holds ``parse_cpuset``: the kernel list format as claim-facing messages
+read it, without the one trailing newline that sysfs reads are allowed.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ __all__ = [
     "DRA_ENV_KEY_PREFIX",
     "DRA_ENV_PREFIX",
     "DRAEnvError",
-    "go_quote",
     "parse_cpuset",
     "parse_dra_env",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from dracpu import DRIVER_NAME
-from dracpu.allocation.env import go_quote, parse_cpuset
+from dracpu.allocation.env import parse_cpuset
 from dracpu.allocation.options import (
     AllocationOptions,
     AllocationOptionsError,
@@ -34,6 +34,7 @@ from dracpu.allocation.options import (
     parse_allocation_options,
 )
 from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.gofmt import go_quote
 
 __all__ = [
     "DRIVER_NAME",

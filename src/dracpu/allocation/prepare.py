@@ -2,9 +2,8 @@
 
 ``plan_claim`` looks at one allocated claim and the current store and says which CPUs the
 claim gets and which devices the kubelet is told about, or raises ``PrepareError`` with the
-claim's error text. ``commit_plan`` reserves the CPUs in the store; the caller then writes
-the CDI spec and, when that fails, calls ``rollback``. Reserving before the file write is
-what keeps two prepares from ever getting the same CPUs (§8.7).
+claim's error text. Carrying a plan out (reserve, write the files, commit or undo, §8.6,
+§8.7) is the state owner's: ``dracpu.state.NodeState.begin_prepare`` and what follows it.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Protocol
 import msgspec
 
 from dracpu.allocation.allocator import AllocationError, take_cpus
-from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, go_quote
+from dracpu.allocation.env import DRA_ENV_KEY_PREFIX
 from dracpu.allocation.opaque import (
     DRIVER_NAME,
     DeviceConfig,
@@ -32,9 +31,9 @@ from dracpu.allocation.store import (
     AllocationStore,
     ClaimRecord,
     PreparedDevice,
-    StoreError,
 )
 from dracpu.cpuset import CPUSet
+from dracpu.gofmt import go_quote
 from dracpu.topology.model import Topology
 
 __all__ = [
@@ -50,9 +49,7 @@ __all__ = [
     "cdi_device_id",
     "cdi_device_name",
     "cdi_env_entry",
-    "commit_plan",
     "plan_claim",
-    "rollback",
 ]
 
 CAPACITY_NAME = "dra.cpu/cpu"
@@ -90,7 +87,7 @@ class ClaimAllocation(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClaimPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What prepare decided. ``already_prepared``: the store held the claim already, so
-    commit and rollback leave the store alone and only the CDI spec is rewritten."""
+    the state owner leaves the store alone and only the CDI spec is rewritten."""
 
     record: ClaimRecord
     already_prepared: bool = False
@@ -361,32 +358,3 @@ def plan_claim(
     return _plan_grouped(
         claim, ours, names=inventory, topology=topology, store=store, online=online
     )
-
-
-# -- commit and rollback (§8.6) ----------------------------------------------------------------
-
-
-def commit_plan(store: AllocationStore, plan: ClaimPlan) -> bool:
-    """Reserve a plan's CPUs before any file is written. True when the store changed.
-
-    The store re-checks overlap itself, so a plan that went stale raises PrepareError
-    with the store's message instead of handing out a CPU twice.
-    """
-    if plan.already_prepared or plan.is_empty:
-        return False
-    try:
-        return store.reserve(plan.record)
-    except StoreError as exc:
-        raise PrepareError(str(exc)) from None
-
-
-def rollback(store: AllocationStore, plan: ClaimPlan) -> None:
-    """Undo ``commit_plan`` after a failed CDI write.
-
-    A claim that was prepared before this call keeps its allocation; a new one is released,
-    so the shared pool is as it was.
-    """
-    if plan.already_prepared or plan.is_empty:
-        return
-    if store.cpus_of(plan.claim_uid) == plan.cpus:
-        store.release(plan.claim_uid)

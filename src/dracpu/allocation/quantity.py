@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from dracpu.allocation.env import go_quote
+from dracpu.gofmt import go_quote
 
 __all__ = ["FORMAT_WRONG", "OUT_OF_RANGE", "QuantityError", "is_whole", "parse_quantity"]
 

@@ -5,8 +5,9 @@ when the runtime cannot (``CgroupWriter.run_fallback``) and how it keeps the ker
 equal to its own (``DriftWatcher``).
 """
 
+from dracpu.cgroupfs.drift import DriftReport
 from dracpu.cgroupfs.paths import CgroupLayout, CgroupPathError, detect_layout, resolve
-from dracpu.cgroupfs.watcher import DriftReport, DriftWatcher
+from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import (
     CgroupIntentError,
     CgroupWriteError,

@@ -7,9 +7,8 @@ walks the container roots for container cgroups no intent knows about — create
 NRI session was down — and confines them to the shared pool, so an unknown container never
 runs on CPUs given exclusively to a claim.
 
-The comparisons are pure functions over what was read (:func:`find_drift`,
-:func:`is_container_dir`); the check itself is synchronous and the Trio loop around it
-is thin.
+The decisions are pure functions over what was read (``dracpu.cgroupfs.drift``); the
+check itself is synchronous and the Trio loop around it is thin.
 
 A check reads first and writes last, and the state it read may have moved on in between
 (a container created, the shared pool changed by a prepare). So right before writing it
@@ -28,12 +27,22 @@ import errno as errno_mod
 import logging
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import msgspec
 import trio
 
+from dracpu.cgroupfs.drift import (
+    DriftReport,
+    OwnerView,
+    container_id_of,
+    find_drift,
+    is_container_dir,
+    still_drifted,
+    still_unknown,
+)
 from dracpu.cgroupfs.inotify import IN_IGNORED, Inotify, InotifyEvent, open_inotify
 from dracpu.cgroupfs.paths import CgroupPathError
 from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, WriteOutcome
@@ -41,32 +50,12 @@ from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
 
-__all__ = [
-    "DriftReport",
-    "DriftWatcher",
-    "WatcherState",
-    "container_id_of",
-    "find_drift",
-    "is_container_dir",
-]
+__all__ = ["DriftWatcher", "WatcherState"]
 
 log = logging.getLogger(__name__)
 
 # Errors kept in a report for /debug/state; the counts stay exact beyond this.
 _MAX_REPORTED_ERRORS = 20
-
-
-class DriftReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The result of one check, as ``/debug/state`` shows it."""
-
-    checked: int = 0
-    drifted: int = 0
-    repaired: int = 0
-    errors: int = 0
-    unknown_found: int = 0
-    unknown_confined: int = 0
-    missing: int = 0
-    error_messages: tuple[str, ...] = ()
 
 
 class WatcherState(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,50 +68,35 @@ class WatcherState(msgspec.Struct, frozen=True, kw_only=True):
     last_report: DriftReport | None
 
 
-def find_drift(
-    intended: Sequence[ContainerIntent], effective: Mapping[str, CPUSet]
-) -> list[ContainerIntent]:
-    """Pure: the intents whose container's effective set (by container id) differs.
+@dataclass(frozen=True)
+class _Wording:
+    """How the writes of one kind are reported: the container, a failure, a success."""
 
-    A container absent from ``effective`` (its cgroup is gone) is not drift.
-    """
-    drifted = []
-    for intent in intended:
-        current = effective.get(intent.container_id)
-        if current is not None and current != CPUSet.parse(intent.cpus):
-            drifted.append(intent)
-    return drifted
+    where: Callable[[ContainerIntent], str]
+    failed: str
+    done: Callable[[ContainerIntent], str]
 
 
-def is_container_dir(parent_name: str, name: str) -> bool:
-    """Pure: does a leaf cgroup look like a container's (not a QoS or pod level)?
-
-    systemd driver: containers are ``.scope`` units (pods are ``.slice``); cgroupfs driver:
-    containers sit directly below a ``pod<uid>`` directory.
-    """
-    if name.endswith(".scope"):
-        return True
-    return parent_name.startswith("pod") and not name.endswith(".slice")
-
-
-def container_id_of(leaf_name: str) -> str:
-    """Pure: the runtime's container id in a leaf cgroup's name.
-
-    cgroupfs driver: the name is the id; systemd driver: ``<prefix>-<id>.scope`` (ids are
-    hex, so the id is what follows the last dash).
-    """
-    if leaf_name.endswith(".scope"):
-        return leaf_name.removesuffix(".scope").rsplit("-", 1)[-1]
-    return leaf_name
+_REPAIR = _Wording(
+    where=lambda i: f"container {i.container_id}",
+    failed="repair failed: ",
+    done=lambda i: f"repaired cpuset drift container_id={i.container_id} cpus={i.cpus}",
+)
+_CONFINE = _Wording(
+    where=lambda i: f"unknown container {i.cgroups_path}",
+    failed="",
+    done=lambda i: f"confined unknown container cgroup={i.cgroups_path} cpus={i.cpus}",
+)
 
 
-class _OwnerView(msgspec.Struct, frozen=True):
-    """What the state owner said at one instant."""
+@dataclass
+class _Reading:
+    """What one check read of the known containers."""
 
-    intents: dict[str, ContainerIntent]
-    pool: str
-    spared: frozenset[str]
-    complete: bool
+    readable: list[ContainerIntent] = field(default_factory=list)
+    effective: dict[str, CPUSet] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    missing: int = 0
 
 
 class DriftWatcher:
@@ -178,16 +152,16 @@ class DriftWatcher:
         self._watched_dirs = 0
 
     # -- one check ----------------------------------------------------------------------
-    def _view(self) -> _OwnerView:
+    def _view(self) -> OwnerView:
         leave_alone, complete = self._leave_alone, self._confine_unknown
-        return _OwnerView(
+        return OwnerView(
             intents={i.container_id: i for i in self._intents()},
             pool=self._shared_pool(),
             spared=frozenset(leave_alone()) if leave_alone is not None else frozenset(),
             complete=complete() if complete is not None else True,
         )
 
-    def _ask_view(self, from_thread: bool) -> _OwnerView:
+    def _ask_view(self, from_thread: bool) -> OwnerView:
         # One call, so intents, pool and completeness come from the same instant.
         return trio.from_thread.run_sync(self._view) if from_thread else self._view()
 
@@ -202,59 +176,52 @@ class DriftWatcher:
         except CgroupPathError as exc:
             log.warning("drift check skipped: %s", exc)
             return self._finish(DriftReport(errors=1, error_messages=(str(exc),)))
-        writer = self.writer
         errors: list[str] = []
         self._written_dirs = set()
         before = self._ask_view(from_thread)
-        intents = list(before.intents.values())
-        known_dirs: set[str] = set()
-        effective: dict[str, CPUSet] = {}
-        by_id: list[ContainerIntent] = []
-        missing = 0
+        known = self._read_known(before.intents.values(), errors)
+        drifted = find_drift(known.readable, known.effective)
+        unknown = self._find_unknown(known.dirs, errors, before.pool, before.spared)
+        # Ask again: only what is still true gets written (see the module docstring).
+        now = self._ask_view(from_thread)
+        repaired = self._write_all(still_drifted(drifted, now), errors, _REPAIR)
+        confined = self._write_all(still_unknown(unknown, before, now), errors, _CONFINE)
+        if drifted:
+            log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(known.readable))
+        return self._finish(
+            DriftReport(
+                checked=len(known.readable),
+                drifted=len(drifted),
+                repaired=repaired,
+                errors=len(errors),
+                unknown_found=len(unknown),
+                unknown_confined=confined,
+                missing=known.missing,
+                error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
+            )
+        )
+
+    def _read_known(self, intents: Iterable[ContainerIntent], errors: list[str]) -> _Reading:
+        """Each known container's effective cpuset; a vanished cgroup is forgotten."""
+        reading = _Reading()
         for intent in intents:
             try:
-                directory = writer.directory_of(intent.cgroups_path)
-                known_dirs.add(directory)
+                directory = self.writer.directory_of(intent.cgroups_path)
+                reading.dirs.add(directory)
                 CPUSet.parse(intent.cpus)
-                effective[intent.container_id] = writer.read_effective_cpus(directory)
+                reading.effective[intent.container_id] = self.writer.read_effective_cpus(directory)
             except CgroupWriteError as exc:
                 if exc.errno == errno_mod.ENOENT:
-                    missing += 1
-                    writer.forget(intent.cgroups_path)
-                    continue
-                errors.append(f"container {intent.container_id}: {exc}")
+                    reading.missing += 1
+                    self.writer.forget(intent.cgroups_path)
+                else:
+                    errors.append(f"container {intent.container_id}: {exc}")
                 continue
             except (CgroupPathError, CPUSetParseError) as exc:
                 errors.append(f"container {intent.container_id}: {exc}")
                 continue
-            by_id.append(intent)
-
-        drifted = find_drift(by_id, effective)
-        unknown = self._find_unknown(known_dirs, errors, before.pool, before.spared)
-
-        # Ask again: only what is still true gets written (see the module docstring).
-        now = self._ask_view(from_thread)
-        still_drifted = [i for i in drifted if now.intents.get(i.container_id) == i]
-        if now.complete and now.pool == before.pool:
-            still_unknown = [u for u in unknown if u.container_id not in now.intents]
-        else:
-            still_unknown = []  # not known yet what is a stranger, or the pool moved on
-        repaired = self._repair(still_drifted, errors)
-        confined = self._confine(still_unknown, errors)
-
-        if drifted:
-            log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(by_id))
-        report = DriftReport(
-            checked=len(by_id),
-            drifted=len(drifted),
-            repaired=repaired,
-            errors=len(errors),
-            unknown_found=len(unknown),
-            unknown_confined=confined,
-            missing=missing,
-            error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
-        )
-        return self._finish(report)
+            reading.readable.append(intent)
+        return reading
 
     def _finish(self, report: DriftReport) -> DriftReport:
         if self.metrics is not None:
@@ -273,23 +240,8 @@ class DriftWatcher:
             last_report=self.last_report,
         )
 
-    def _repair(self, intents: Sequence[ContainerIntent], errors: list[str]) -> int:
-        return self._write_all(
-            intents,
-            errors,
-            where=lambda i: f"container {i.container_id}",
-            failed="repair failed: ",
-            done=lambda i: f"repaired cpuset drift container_id={i.container_id} cpus={i.cpus}",
-        )
-
     def _write_all(
-        self,
-        intents: Sequence[ContainerIntent],
-        errors: list[str],
-        *,
-        where: Callable[[ContainerIntent], str],
-        failed: str,
-        done: Callable[[ContainerIntent], str],
+        self, intents: Sequence[ContainerIntent], errors: list[str], words: _Wording
     ) -> int:
         """Write each intent; count and log successes, collect and log failures. Both
         drift repairs and the confinement of unknown containers count as repairs."""
@@ -297,12 +249,12 @@ class DriftWatcher:
         for intent, result in self.writer.write_many(intents):
             self._note_written(result)
             if isinstance(result, Exception):
-                message = f"{where(intent)}: {failed}{result}"
+                message = f"{words.where(intent)}: {words.failed}{result}"
             elif not result.ok:
-                message = f"{where(intent)}: {result.describe_mismatch()}"
+                message = f"{words.where(intent)}: {result.describe_mismatch()}"
             else:
                 written += 1
-                log.info("%s", done(intent))
+                log.info("%s", words.done(intent))
                 if self.metrics is not None:
                     self.metrics.count_drift_repair("success")
                 continue
@@ -368,15 +320,6 @@ class DriftWatcher:
                 continue
             # A known container's directory needs no walk: it is not new.
             stack.extend(d for d in subdirs if d not in known)
-
-    def _confine(self, unknown: Sequence[ContainerIntent], errors: list[str]) -> int:
-        return self._write_all(
-            unknown,
-            errors,
-            where=lambda i: f"unknown container {i.cgroups_path}",
-            failed="",
-            done=lambda i: f"confined unknown container cgroup={i.cgroups_path} cpus={i.cpus}",
-        )
 
     def _note_written(self, result: WriteOutcome | Exception) -> None:
         if not isinstance(result, Exception):

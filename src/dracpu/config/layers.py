@@ -34,7 +34,8 @@ from dracpu.config.schema import (
     ConfigError,
     DriverConfig,
 )
-from dracpu.flags import FlagError, flag_spec, go_quote, parse_root_flags
+from dracpu.flags import FlagError, flag_spec, parse_root_flags
+from dracpu.gofmt import go_quote
 
 __all__ = ["driver_argv", "go_clean_path", "load_config", "reconstruct_from_cmdline"]
 

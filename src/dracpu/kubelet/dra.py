@@ -43,7 +43,7 @@ from dracpu.cdi import (
 )
 from dracpu.cpuset import CPUSet
 from dracpu.k8s.claims import ClaimReadError
-from dracpu.kubelet._aio import Serializer, shielded
+from dracpu.kubelet._aio import Serializer
 from dracpu.kubelet.claims import ClaimSource
 from dracpu.kubelet.metadata import DeviceAttributes, remove_claim_metadata, write_claim_metadata
 from dracpu.logs import operation
@@ -143,6 +143,7 @@ class DRAService:
         node_name: str,
         offload_io: bool | None = None,
         plugin_data_dir: str | None = None,
+        serial: Serializer | None = None,
     ) -> None:
         self.claims = claims
         self.state = state
@@ -152,7 +153,8 @@ class DRAService:
         self.cdi_dir = cdi_dir
         self.metrics = metrics
         self.node_name = node_name
-        self._serial = Serializer()
+        # The lock, worker threads and shield the calls run under (Trio's by default).
+        self._serial = serial or Serializer()
         # None: decided at the first write, in a worker thread unless on tmpfs.
         self._offload_io = offload_io
         # Device metadata (§10.3) is written when the plugin's data dir is given.
@@ -214,7 +216,7 @@ class DRAService:
             return ClaimPrepareResult(error=str(exc))
         if plan.is_empty:
             return ClaimPrepareResult()
-        with shielded():
+        with self._serial.shielded():
             try:
                 new = self.state.begin_prepare(plan)
             except PrepareError as exc:
@@ -285,7 +287,7 @@ class DRAService:
             results: dict[str, ClaimUnprepareResult] = {}
             async with self._serial.lock():
                 for ref in claims:
-                    with shielded():
+                    with self._serial.shielded():
                         error = await self._unprepare_claim(ref)
                     self.metrics.count_unprepare("error" if error else "success")
                     results[ref.uid] = ClaimUnprepareResult(error=error)

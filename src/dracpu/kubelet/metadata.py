@@ -18,13 +18,14 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from dracpu import DRIVER_NAME
 from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
-from dracpu.cdi import CDIError, atomic_write, check_claim_uid
+from dracpu.atomicfile import atomic_write
+from dracpu.cdi import CDIError, check_claim_uid
 
 __all__ = [
     "METADATA_DIR",
@@ -210,12 +211,7 @@ def remove_claim_metadata(
     """Remove a claim's metadata directory and metadata CDI specs; problems are logged."""
     claim_dir = _claim_dir(plugin_dir, namespace, name)
     if claim_dir is not None:
-        try:
-            shutil.rmtree(claim_dir)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("failed to remove device metadata %s: %s", claim_dir, exc)
+        _remove_logged(shutil.rmtree, claim_dir, "device metadata")
     if not _uid_ok(uid):
         return
     # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
@@ -228,9 +224,14 @@ def remove_claim_metadata(
     for path in (
         os.path.join(cdi_dir, n) for n in names if n.startswith(prefix) and n.endswith(".json")
     ):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("failed to remove device metadata spec %s: %s", path, exc)
+        _remove_logged(os.unlink, path, "device metadata spec")
+
+
+def _remove_logged(remove: Callable[[str], object], path: str, what: str) -> None:
+    """Remove ``path``; already gone is fine, any other failure is logged, never raised."""
+    try:
+        remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("failed to remove %s %s: %s", what, path, exc)

@@ -2,14 +2,16 @@
 restarted with backoff when they crash, readiness, and shutdown on SIGTERM/SIGINT."""
 
 from dracpu.nursery.backoff import restart_delay
-from dracpu.nursery.supervisor import (
-    DEFAULT_GRACE_PERIOD,
+from dracpu.nursery.service import (
     Service,
     ServiceFailed,
     ServiceState,
     ServiceStatus,
-    Supervisor,
     SupervisorStopping,
+)
+from dracpu.nursery.supervisor import (
+    DEFAULT_GRACE_PERIOD,
+    Supervisor,
     describe_error,
     run_daemon,
 )

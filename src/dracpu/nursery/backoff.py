@@ -1,11 +1,12 @@
-"""Restart delays: exponential, capped, jittered. Pure: the random source is passed in."""
+"""Restart and retry delays: exponential, capped, jittered; and a server's Retry-After,
+spread. Pure: the random source is passed in."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-__all__ = ["restart_delay"]
+__all__ = ["restart_delay", "retry_after_delay"]
 
 
 def restart_delay(
@@ -28,3 +29,14 @@ def restart_delay(
     except OverflowError:  # long past the cap
         raw = math.inf
     return min(cap, raw) * (1.0 - jitter + jitter * rand())
+
+
+def retry_after_delay(retry_after: float, *, cap: float, rand: Callable[[], float]) -> float:
+    """Seconds to wait when the server answered with ``Retry-After: retry_after``: never
+    sooner than it asked (``retry_after`` capped at ``cap`` against absurd values), spread
+    over one more such interval by ``rand()`` (in ``[0, 1)``), so that the many clients
+    one overloaded server told the same number do not all come back in the same second."""
+    if not retry_after >= 0:
+        raise ValueError(f"retry-after must be >= 0 seconds, got {retry_after}")
+    base = min(retry_after, cap)
+    return base * (1.0 + rand())

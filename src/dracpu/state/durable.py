@@ -25,6 +25,7 @@ from dracpu.allocation.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
+from dracpu.atomicfile import atomic_write
 from dracpu.daemon.recovery import RecoveryPlan, plan_recovery
 from dracpu.messages import CheckpointWritten, ClaimsChanged
 from dracpu.state.owner import NodeState, StateFileError
@@ -54,7 +55,7 @@ class CheckpointFile:
         *,
         boot_id: str,
         config_fingerprint: str,
-        write_file: Callable[..., None] = cdi.atomic_write,
+        write_file: Callable[..., None] = atomic_write,
     ) -> None:
         """``write_file(path, data, dir_mode=...)`` writes atomically (tests wrap it)."""
         self.state = state

@@ -42,19 +42,7 @@ from dracpu.nri.ttrpc.connection import (
     TTRPCClientConnection,
     TTRPCServerConnection,
 )
-from dracpu.nri.ttrpc.frames import (
-    HEADER,
-    HEADER_LENGTH,
-    MAX_DATA_LENGTH,
-    STREAM_ID_MAX,
-    Flag,
-    Frame,
-    FrameHeader,
-    FrameReader,
-    MessageType,
-    OversizedFrame,
-    encode_frame,
-)
+from dracpu.nri.ttrpc.frames import HEADER_LENGTH, MAX_DATA_LENGTH, MessageType, encode_frame
 from dracpu.nri.ttrpc.status import (
     Status,
     StatusCode,
@@ -62,18 +50,12 @@ from dracpu.nri.ttrpc.status import (
     unimplemented_service,
 )
 
+# The frame layer's other names (FrameReader, Flag, ...) are in dracpu.nri.ttrpc.frames.
 __all__ = [
-    "HEADER",
     "HEADER_LENGTH",
     "MAX_DATA_LENGTH",
-    "STREAM_ID_MAX",
     "ClientEvent",
-    "Flag",
-    "Frame",
-    "FrameHeader",
-    "FrameReader",
     "MessageType",
-    "OversizedFrame",
     "RequestReceived",
     "RequestRejected",
     "ResponseDropped",

@@ -380,12 +380,8 @@ class RuntimeSimulator:
             await plugin.peer.respond(request.stream_id, unimplemented_service(request.service))
             return
         if request.method == "RegisterPlugin":
-            try:
-                reg = api_pb2.RegisterPluginRequest.FromString(request.payload)
-            except DecodeError as exc:
-                await plugin.peer.respond(
-                    request.stream_id, Status(StatusCode.INVALID_ARGUMENT, str(exc))
-                )
+            reg = await self._decode(plugin, request, api_pb2.RegisterPluginRequest)
+            if reg is None:
                 return
             plugin.name, plugin.idx = reg.plugin_name, reg.plugin_idx
             if plugin.registered.is_set():
@@ -558,13 +554,22 @@ class RuntimeSimulator:
                 failed.append(update)
         return failed
 
-    async def _update_containers(self, plugin: _Plugin, request: RequestReceived) -> None:
+    async def _decode(
+        self, plugin: _Plugin, request: RequestReceived, message_type: type[_M]
+    ) -> _M | None:
+        """The request's message; None when it did not decode (answered INVALID_ARGUMENT)."""
         try:
-            body = api_pb2.UpdateContainersRequest.FromString(request.payload)
+            message: _M = message_type.FromString(request.payload)
         except DecodeError as exc:
             await plugin.peer.respond(
                 request.stream_id, Status(StatusCode.INVALID_ARGUMENT, str(exc))
             )
+            return None
+        return message
+
+    async def _update_containers(self, plugin: _Plugin, request: RequestReceived) -> None:
+        body = await self._decode(plugin, request, api_pb2.UpdateContainersRequest)
+        if body is None:
             return
         self.update_requests.append([u.container_id for u in body.update])
         if self._drop_updates > 0:

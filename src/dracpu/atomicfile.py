@@ -1,0 +1,60 @@
+"""Whole-file replacement that readers never see half done, and durable directory changes.
+
+The CDI specs and the checkpoint are written this way: a temp file in the same directory,
+fsync, rename over the target, fsync of the directory. A crash leaves the old file or the
+new one, never a mix, and never the temp file under the final name. Blocking: call these
+from a worker thread in async code, unless the directory is on tmpfs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+__all__ = ["atomic_write", "ensure_dir", "fsync_dir"]
+
+
+def fsync_dir(path: str) -> None:
+    """Make the directory's entries (a rename, an unlink) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str, mode: int = 0o755) -> None:
+    """Create ``path`` (and its parents) with exactly ``mode`` when it does not exist."""
+    if os.path.isdir(path):
+        return
+    os.makedirs(path, mode=mode, exist_ok=True)
+    os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+
+
+def atomic_write(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o755) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never half.
+
+    The temp name ``spec.*.tmp`` does not end in ``.json``, so runtimes watching a CDI
+    directory ignore it. Raises OSError; the temp file never survives a failure.
+    """
+    parent = os.path.dirname(path) or "."
+    ensure_dir(parent, dir_mode)
+    # mkstemp creates the file 0600.
+    fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if mode != 0o600:
+                os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(parent)
