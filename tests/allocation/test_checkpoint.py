@@ -92,6 +92,7 @@ def test_encoding_is_the_documented_json() -> None:
                         "prefer_align_by_uncore_cache": True,
                         "full_pcpus_only": True,
                         "distribute_across_numa": False,
+                        "shared_pool_access": False,
                     }
                 },
             }
