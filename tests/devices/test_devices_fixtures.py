@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from dracpu.cpuset import CPUSet
-from dracpu.devices import DeviceSettings, build_inventory, build_slices, validate_slice
+from dracpu.devices import DeviceSettings, build_inventory, build_slices
+from dracpu.sim.apiserver.validation import validate_resource_slice
 from dracpu.topology import Topology, discover_from_root
 
 FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
@@ -208,6 +209,26 @@ CASES = [
         },
         numa_devices={"cpudevnuma000": numa_attrs(0, socket=0, count=11, roots=["pci0000:00"])},
     ),
+    # isolcpus=2-7,10-15 nohz_full=4-7,12-15: only such nodes carry the isolation attributes.
+    Case(
+        "isolated-rt",
+        16,
+        [0, 8, 1, 9],
+        numa_names(1),
+        socket_names(1),
+        cpu_devices={
+            "cpudev000": cpu_attrs(0, core=0, roots=["pci0000:00"])
+            | {"dra.cpu/isolated": {"bool": False}, "dra.cpu/nohzFull": {"bool": False}},
+            "cpudev004": cpu_attrs(2, core=2, roots=["pci0000:00"])
+            | {"dra.cpu/isolated": {"bool": True}, "dra.cpu/nohzFull": {"bool": False}},
+            "cpudev015": cpu_attrs(15, core=7, roots=["pci0000:00"])
+            | {"dra.cpu/isolated": {"bool": True}, "dra.cpu/nohzFull": {"bool": True}},
+        },
+        numa_devices={
+            "cpudevnuma000": numa_attrs(0, socket=0, count=16, roots=["pci0000:00"])
+            | {"dra.cpu/isolatedCPUs": {"int": 12}, "dra.cpu/nohzFullCPUs": {"int": 8}}
+        },
+    ),
 ]
 
 _cache: dict[str, Topology] = {}
@@ -223,7 +244,7 @@ def topology(fixture: str) -> Topology:
 
 
 def test_table_covers_every_fixture() -> None:
-    assert sorted(c.fixture for c in CASES) == sorted(p.name for p in FIXTURES.iterdir())
+    assert sorted(c.fixture for c in CASES) == sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.fixture)
@@ -272,7 +293,7 @@ def test_fixture_slices_are_valid_and_cover_the_cpus(case: Case, pcie: bool) -> 
         )
         inv = build_inventory(topo, settings)
         slices = build_slices(inv, node_name="node-a", node_uid="u", expose_pcie_roots=pcie)
-        assert [p for s in slices for p in validate_slice(s)] == []
+        assert [p for s in slices for p in validate_resource_slice(s)] == []
         published = CPUSet()
         for device in inv.devices:
             assert published.isdisjoint(inv.cpus_of(device.name))

@@ -10,12 +10,12 @@ from dracpu.allocation.prepare import (
     AllocationResult,
     ClaimAllocation,
     PrepareError,
-    commit_plan,
     plan_claim,
 )
 from dracpu.allocation.store import AllocationStore
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory
+from dracpu.state import NodeState
 from dracpu.topology import discover_from_root
 
 XEON_SNC = Path(__file__).resolve().parent.parent / "fake_sysfs" / "xeon-snc"
@@ -48,7 +48,9 @@ def test_grouped_numa_claims_get_disjoint_aligned_cpus() -> None:
         online=topo.online,
     )
     assert first.cpus == CPUSet.parse("10-11,50-51")
-    commit_plan(store, first)
+    state = NodeState(store)
+    state.begin_prepare(first)
+    state.finish_prepare(first)
     second = plan_claim(
         claim("b", numa_result("cpudevnuma001", "4")),
         inventory=inv,
@@ -82,3 +84,26 @@ def test_individual_devices_resolve_to_their_cpus() -> None:
         claim("i", *results), inventory=inv, topology=topo, store=store, online=topo.online
     )
     assert plan.cpus == CPUSet.parse("0,40")
+
+
+def test_grouped_claims_get_isolated_cpus_only_when_nothing_else_fits() -> None:
+    """isolated-rt: 0-1,8-9 are the only CPUs with load balancing; 12 are isolated."""
+    topo = discover_from_root(XEON_SNC.parent / "isolated-rt")
+    inv = build_inventory(topo, DeviceSettings())
+    state = NodeState(AllocationStore(topo.all_cpus, CPUSet(), topo.isolated))
+
+    def prepare(uid: str, count: str) -> CPUSet:
+        plan = plan_claim(
+            claim(uid, numa_result("cpudevnuma000", count)),
+            inventory=inv,
+            topology=topo,
+            store=state.store,
+            online=topo.online,
+        )
+        state.begin_prepare(plan)
+        state.finish_prepare(plan)
+        return plan.cpus
+
+    assert prepare("a", "2") == CPUSet.parse("0,8")  # not isolated: fits in 0-1,8-9
+    assert prepare("b", "4") == CPUSet.parse("2-3,10-11")  # 1,9 left: too few, isolated
+    assert state.shared_pool == CPUSet.parse("1,9")

@@ -233,7 +233,24 @@ def _plan_individual(
         raise PrepareError(
             f"claim {_claim_ref(claim)} has overlapping device assignment with other claims"
         )
-    return ClaimPlan(record=_record(claim, cpus, ours))
+    return ClaimPlan(record=_record(claim, cpus, ours, _individual_options(claim, ours)))
+
+
+def _individual_options(
+    claim: ClaimAllocation, ours: Sequence[AllocationResult]
+) -> dict[str, AllocationOptions]:
+    """The options configs of an individual-mode claim. The scheduler chose its CPUs, so
+    only what applies after allocation counts (``sharedPoolAccess``); a broken options
+    config is still an error, as in grouped mode."""
+    options: dict[str, AllocationOptions] = {}
+    for result in ours:
+        try:
+            chosen = select_allocation_options(claim.configs, result.request)
+        except OpaqueConfigError as exc:
+            raise PrepareError(str(exc)) from None
+        if chosen is not None:
+            options[result.request] = chosen
+    return options
 
 
 def _requested_count(result: AllocationResult) -> int:
@@ -272,10 +289,28 @@ def _pick_from_group(
     by_group = topology.by_socket if names.group_by == "socket" else topology.by_numa
     candidates = free & by_group.get(group, CPUSet())
     try:
-        options = select_allocation_options(configs, result.request)
-        return take_cpus(topology, candidates, count, options or DEFAULT_OPTIONS), options
-    except (OpaqueConfigError, AllocationError) as exc:
+        options = select_allocation_options(configs, result.request) or DEFAULT_OPTIONS
+    except OpaqueConfigError as exc:
         raise PrepareError(str(exc)) from None
+    # Isolated CPUs (isolcpus=) get no load balancing: a claim gets them only when the
+    # group's other free CPUs cannot hold it, and then isolated ones only where it can,
+    # so the shared pool keeps the CPUs the kernel balances.
+    isolated = candidates & topology.isolated
+    if isolated:
+        for subset in (candidates - isolated, isolated):
+            if len(subset) >= count:
+                try:
+                    return take_cpus(topology, subset, count, options), _chosen(options)
+                except AllocationError:
+                    pass
+    try:
+        return take_cpus(topology, candidates, count, options), _chosen(options)
+    except AllocationError as exc:
+        raise PrepareError(str(exc)) from None
+
+
+def _chosen(options: AllocationOptions) -> AllocationOptions | None:
+    return None if options is DEFAULT_OPTIONS else options
 
 
 def _pick_override(

@@ -17,7 +17,11 @@ from dracpu.devices.model import (
     ATTR_CORE,
     ATTR_CORE_TYPE,
     ATTR_CPU,
+    ATTR_ISOLATED,
+    ATTR_ISOLATED_CPUS,
     ATTR_L3,
+    ATTR_NOHZ_FULL,
+    ATTR_NOHZ_FULL_CPUS,
     ATTR_NUM_CPUS,
     ATTR_NUMA,
     ATTR_NUMA_LEGACY,
@@ -92,6 +96,9 @@ def _individual(topo: Topology, settings: DeviceSettings) -> DeviceInventory:
             ATTR_NUMA_LEGACY: _int(info.numa),
             ATTR_NUMA_NET: _int(info.numa),
         }
+        if topo.isolated or topo.nohz_full:
+            attributes[ATTR_ISOLATED] = {"bool": cpu in topo.isolated}
+            attributes[ATTR_NOHZ_FULL] = {"bool": cpu in topo.nohz_full}
         devices.append(
             Device(
                 name=name,
@@ -132,6 +139,9 @@ def _grouped_device(
     if numa is not None:
         attributes[ATTR_NUMA_LEGACY] = _int(numa)
         attributes[ATTR_NUMA_NET] = _int(numa)
+    if topo.isolated or topo.nohz_full:
+        attributes[ATTR_ISOLATED_CPUS] = _int(len(cpus & topo.isolated))
+        attributes[ATTR_NOHZ_FULL_CPUS] = _int(len(cpus & topo.nohz_full))
     allocatable = PER_CAPACITY_ALLOCATABLE if settings.publish_node_allocatable else {}
     return Device(
         name=name,

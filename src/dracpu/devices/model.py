@@ -46,6 +46,12 @@ ATTR_CORE_TYPE = "dra.cpu/coreType"
 ATTR_L3 = "dra.cpu/cacheL3ID"
 ATTR_NUMA_LEGACY = "dra.cpu/numaNodeID"
 ATTR_NUMA_NET = "dra.net/numaNode"
+# dracpu's own, published only on nodes that isolate CPUs (isolcpus=, nohz_full=), so the
+# devices of every other node stay exactly upstream's.
+ATTR_ISOLATED = "dra.cpu/isolated"
+ATTR_NOHZ_FULL = "dra.cpu/nohzFull"
+ATTR_ISOLATED_CPUS = "dra.cpu/isolatedCPUs"
+ATTR_NOHZ_FULL_CPUS = "dra.cpu/nohzFullCPUs"
 
 # protocols.md §4.4: a slice holds at most 128 devices, 64 when one has a list attribute.
 MAX_DEVICES_PER_SLICE = 128
