@@ -185,10 +185,12 @@ def test_attribute_table_matches_the_published_devices() -> None:
                 documented[mode].add(name)
     for mode in modes:
         seen: dict[str, str] = {}
-        for device in _devices("xeon-snc", mode):
-            for name, value in device["attributes"].items():
-                (kind,) = value
-                seen[name] = kind
+        # isolated-rt for the attributes only nodes that isolate CPUs carry.
+        for fixture in ("xeon-snc", "isolated-rt"):
+            for device in _devices(fixture, mode):
+                for name, value in device["attributes"].items():
+                    (kind,) = value
+                    seen[name] = kind
         assert set(seen) == documented[mode], mode
         for name, kind in seen.items():
             assert kinds[name] == kind, name
