@@ -7,10 +7,14 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import hpack
 from grpclib.const import Status
 from h2.errors import ErrorCodes
+from hyperframe.frame import ContinuationFrame, Frame, GoAwayFrame, HeadersFrame
 
 from dracpu.grpc.connection import (
+    MAX_HEADER_BLOCK_SIZE,
+    STEP_BUDGET,
     ConnectionClosed,
     GRPCServerConnection,
     RequestReceived,
@@ -18,6 +22,7 @@ from dracpu.grpc.connection import (
     decode_metadata,
 )
 from dracpu.grpc.framing import encode_message
+from dracpu.grpc.status import MAX_STATUS_MESSAGE
 
 PATH = b"/pkg.Svc/Call"
 
@@ -280,3 +285,106 @@ def test_memory_of_closed_streams_is_bounded() -> None:
     sid = pair.request(encode_message(b"\x0a\x01y"))
     events = pair.exchange()
     assert [type(e).__name__ for e in events] == ["RequestReceived"]
+
+
+# -- hostile input: bounded work per step, bounded outbound headers --------------------------
+
+
+def test_budgeted_steps_give_the_same_events_as_one_call() -> None:
+    whole, stepped = Pair(), Pair()
+    for pair in (whole, stepped):
+        for i in range(40):
+            pair.request(encode_message(b"m%d" % i))
+    data = whole.client.data_to_send()
+    assert data == stepped.client.data_to_send()
+    expected = whole.server.receive_data(data)
+    assert len(expected) == 40
+    got = stepped.server.receive_data(data, budget=STEP_BUDGET)
+    steps = 1
+    while stepped.server.input_pending:
+        got += stepped.server.receive_data(b"", budget=STEP_BUDGET)
+        steps += 1
+    assert got == expected
+    # 40 HEADERS frames at 4 units and 40 DATA frames at 1; a step ends once 16 are spent.
+    assert steps == 12
+    assert whole.server.data_to_send() == stepped.server.data_to_send()
+
+
+def test_a_step_holds_at_most_one_full_header_block() -> None:
+    pair = Pair()
+    filler = (b"x-fill", b"v" * (MAX_HEADER_BLOCK_SIZE - 400))
+    sids = [pair.request(encode_message(b"m"), [filler]) for _ in range(3)]
+    data = pair.client.data_to_send()
+    per_step = [pair.server.receive_data(data, budget=STEP_BUDGET)]
+    while pair.server.input_pending:
+        per_step.append(pair.server.receive_data(b"", budget=STEP_BUDGET))
+    # Each HEADERS frame (~7 KiB of block) spends a whole budget: one request per step.
+    requests = [[e.stream_id for e in step if isinstance(e, RequestReceived)] for step in per_step]
+    assert all(isinstance(e, RequestReceived) for step in per_step for e in step)
+    assert requests == [
+        [],
+        [sids[0]],
+        [sids[1]],
+        [sids[2]],
+    ]
+
+
+def test_header_block_limit_counts_continuations_across_reads() -> None:
+    server = GRPCServerConnection(max_header_list_size=1000)
+    server.initiate()
+    client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.receive_data(client.data_to_send())
+    head = HeadersFrame(1, flags=("END_STREAM",), data=b"\x00" * 600)
+    assert server.receive_data(head.serialize()) == []  # h2 holds the fragment, undecoded
+    more = ContinuationFrame(1, flags=("END_HEADERS",), data=b"\x00" * 401)
+    assert server.receive_data(more.serialize()) == [ConnectionClosed(ErrorCodes.ENHANCE_YOUR_CALM)]
+    frames = _frames(server.data_to_send())
+    answer = next(f for f in frames if isinstance(f, HeadersFrame))
+    assert answer.stream_id == 1 and {"END_STREAM", "END_HEADERS"} <= set(answer.flags)
+    trailers = dict(hpack.Decoder().decode(answer.data, raw=True))
+    assert trailers[b"grpc-status"] == b"8"
+    assert trailers[b"grpc-message"] == (
+        b"request metadata too large: header block of more than 1000 bytes (at least 1001);"
+        b" connection closed"
+    )
+    (goaway,) = [f for f in frames if isinstance(f, GoAwayFrame)]
+    assert (goaway.last_stream_id, goaway.error_code) == (1, ErrorCodes.ENHANCE_YOUR_CALM)
+
+
+def _frames(data: bytes) -> list[Any]:
+    frames = []
+    while data:
+        frame, length = Frame.parse_frame_header(memoryview(data[:9]))
+        frame.parse_body(memoryview(data[9 : 9 + length]))
+        frames.append(frame)
+        data = data[9 + length :]
+    return frames
+
+
+def test_long_status_message_is_cut_and_sent_without_huffman_coding() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b"x"))
+    pair.exchange()
+    pair.server.send_status(sid, Status.UNKNOWN, "claim default/" + "n" * (8 * 1024 * 1024))
+    raw = pair.server.data_to_send()
+    # Literal bytes on the wire (hpack's Huffman encoder is quadratic in the length).
+    assert b"claim default/nnnnnnnn" in raw
+    pair.client_events += pair.client.receive_data(raw)
+    message = dict(_trailers_only(pair, sid))[b"grpc-message"]
+    assert len(message) == MAX_STATUS_MESSAGE
+    assert message.endswith(b" [truncated; 8388622 characters in all]")
+
+
+def test_every_outbound_header_value_is_bounded() -> None:
+    pair = Pair()
+    sid = pair.request(encode_message(b"x"), [(b"content-type", b"text/\x01" + b"z" * 6000)])
+    pair.exchange()
+    (resp,) = pair.of(h2.events.ResponseReceived, sid)
+    headers = dict(resp.headers)
+    assert headers[b":status"] == b"415"
+    # The 415 text quotes the request's content-type: escaped and cut like any message.
+    assert len(headers[b"grpc-message"]) == MAX_STATUS_MESSAGE
+    assert headers[b"grpc-message"].startswith(b"invalid gRPC content-type 'text/\\x01zzz")

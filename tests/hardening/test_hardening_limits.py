@@ -1,7 +1,9 @@
 """Every input has a size limit, and who can reach the listeners is narrow by default.
 
-Limits: a gRPC message (4 MiB, grpc-go's), the h2 header list (16 KiB, advertised and
-enforced), request bytes held per gRPC connection (16 MiB over all streams), claims per
+Limits: a gRPC message (4 MiB, grpc-go's), the h2 header list (8 KiB, advertised and
+enforced; the encoded block is refused from the frame headers above 8 KiB, before it is
+decoded), a grpc-message the server sends (4 KiB encoded), request bytes held per gRPC
+connection (16 MiB over all streams), claims per
 NodePrepareResources / NodeUnprepareResources call (256), a ttrpc frame (4 MiB), and the
 HTTP request head (16 KiB). Listeners: the kubelet sockets are 0600 in 0750 directories
 whatever the umask; ``/debug/state`` listens on loopback only by default.
@@ -15,16 +17,19 @@ import shutil
 import stat
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import grpc
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import hpack
 import pytest
 import trio
 from grpclib.const import Status
 from h2.errors import ErrorCodes
+from hyperframe.frame import ContinuationFrame, HeadersFrame
 from kubelet_harness import (
     claim,
     in_thread,
@@ -42,6 +47,7 @@ from kubelet_harness import (
 from dracpu.config import DriverConfig
 from dracpu.grpc.connection import (
     MAX_CONNECTION_BUFFER,
+    MAX_HEADER_BLOCK_SIZE,
     MAX_HEADER_LIST_SIZE,
     ConnectionClosed,
     GRPCServerConnection,
@@ -49,6 +55,7 @@ from dracpu.grpc.connection import (
 )
 from dracpu.grpc.errors import ServerError
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE, encode_message
+from dracpu.grpc.status import MAX_STATUS_MESSAGE
 from dracpu.http import HTTPApp
 from dracpu.http.address import parse_bind_address
 from dracpu.http.connection import HTTPLimits, ServerConnection
@@ -74,7 +81,9 @@ GOOD = [
 
 def test_limits_are_the_documented_ones() -> None:
     assert MAX_MESSAGE_SIZE == 4 * 1024 * 1024
-    assert MAX_HEADER_LIST_SIZE == 16 * 1024
+    assert MAX_HEADER_LIST_SIZE == 8 * 1024
+    assert MAX_HEADER_BLOCK_SIZE == 8 * 1024
+    assert MAX_STATUS_MESSAGE == 4 * 1024
     assert MAX_CONNECTION_BUFFER == 16 * 1024 * 1024
     assert MAX_CLAIMS_PER_CALL == 256
     assert MAX_DATA_LENGTH == 4 * 1024 * 1024
@@ -107,12 +116,42 @@ def test_header_list_limit_is_advertised() -> None:
     assert setting.new_value == MAX_HEADER_LIST_SIZE
 
 
-def test_oversized_header_list_ends_the_connection_with_enhance_your_calm() -> None:
+def test_oversized_header_block_is_refused_before_decoding_with_a_status() -> None:
     server, client = pair()
-    # Sent before the client could honour our SETTINGS: the decoder enforces it anyway.
-    big = [*GOOD, (b"x-big", b"v" * MAX_HEADER_LIST_SIZE)]
+    # Sent before the client could honour our SETTINGS: refused anyway, from the frame
+    # headers. The block is not even valid HPACK: decoding it would be a different error.
+    block = b"\xff" * (MAX_HEADER_BLOCK_SIZE + 1)
+    client.send_headers(1, GOOD)  # so that the client knows stream 1; what goes out is:
+    client.data_to_send()
+    head = HeadersFrame(1, flags=("END_STREAM",), data=block[:16000])
+    tail = ContinuationFrame(1, flags=("END_HEADERS",), data=block[16000:])
+    events = server.receive_data(head.serialize() + tail.serialize())
+    assert events == [ConnectionClosed(ErrorCodes.ENHANCE_YOUR_CALM)]
+    assert server.closed
+    got = client.receive_data(server.data_to_send())
+    answer = next(e for e in got if isinstance(e, h2.events.ResponseReceived))
+    assert dict(answer.headers)[b"grpc-status"] == b"%d" % Status.RESOURCE_EXHAUSTED.value
+    assert dict(answer.headers)[b"grpc-message"] == (
+        b"request metadata too large: header block of more than 8192 bytes "
+        b"(at least 8193); connection closed"
+    )
+    goaway = [e for e in got if isinstance(e, h2.events.ConnectionTerminated)]
+    assert [(g.error_code, g.last_stream_id, g.additional_data) for g in goaway] == [
+        (ErrorCodes.ENHANCE_YOUR_CALM, 1, b"header block of 8193 bytes, max 8192")
+    ]
+    # Nothing more is read, let alone decoded.
+    assert server.receive_data(b"\x00" * 100_000) == []
+
+
+def test_header_list_over_the_limit_in_a_small_block_ends_the_connection() -> None:
+    server, client = pair()
+    # Huffman coding packs 'a' into 5 bits: a block under the encoded limit that decodes
+    # past the list limit. The HPACK decoder refuses it (ENHANCE_YOUR_CALM).
+    big = [*GOOD, (b"x-big", b"a" * MAX_HEADER_LIST_SIZE)]
     client.send_headers(1, big, end_stream=True)
-    events = server.receive_data(client.data_to_send())
+    sent = client.data_to_send()
+    assert len(sent) < MAX_HEADER_BLOCK_SIZE
+    events = server.receive_data(sent)
     assert events == [ConnectionClosed(ErrorCodes.ENHANCE_YOUR_CALM)]
     assert server.closed
     goaway = [
@@ -123,8 +162,14 @@ def test_oversized_header_list_ends_the_connection_with_enhance_your_calm() -> N
     assert [g.error_code for g in goaway] == [ErrorCodes.ENHANCE_YOUR_CALM]
 
 
-def test_header_list_just_under_the_limit_is_served() -> None:
+@pytest.mark.parametrize("huffman", [True, False])
+def test_header_list_just_under_the_limit_is_served(huffman: bool) -> None:
     server, client = pair()
+    if not huffman:
+        # Literal strings: the encoded block is then nearly as large as the list.
+        plain = hpack.Encoder()
+        plain.encode = partial(plain.encode, huffman=False)  # type: ignore[method-assign]
+        client.encoder = plain
     used = sum(len(n) + len(v) + 32 for n, v in GOOD) + len(b"x-big") + 32
     client.send_headers(1, [*GOOD, (b"x-big", b"v" * (MAX_HEADER_LIST_SIZE - used))])
     client.send_data(1, encode_message(b"hi"), end_stream=True)
@@ -438,10 +483,10 @@ async def test_a_bug_on_one_connection_closes_only_that_connection(
     node = make_node(tmpdirs("cdi."))
     real = GRPCServerConnection.receive_data
 
-    def poisoned(self: GRPCServerConnection, data: bytes) -> list[object]:
+    def poisoned(self: GRPCServerConnection, data: bytes, **kw: Any) -> list[object]:
         if b"poison" in data:
             raise RuntimeError("simulated bug in the protocol core")
-        return real(self, data)  # type: ignore[return-value]
+        return real(self, data, **kw)  # type: ignore[return-value]
 
     monkeypatch.setattr(GRPCServerConnection, "receive_data", poisoned)
     async with serving(nursery, node.service) as (served, channel):

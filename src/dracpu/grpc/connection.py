@@ -11,6 +11,13 @@ Only unary-request methods are served (unary-unary and unary-stream, all the kub
 uses): a request is handed over once its single message and END_STREAM have arrived.
 Replies are held per stream and given to h2 as the flow-control window allows; trailers
 follow the last queued byte.
+
+Hostile input costs bounded CPU per byte. Frame headers are read here before h2 sees the
+frame, so an oversized frame or request header block is refused before it is buffered or
+HPACK-decoded; ``receive_data(..., budget=...)`` does a bounded amount of work per call,
+so the shell can let other connections run between slices of one large read; and the
+HPACK encoder sends literals without Huffman coding (hpack's Huffman encoder is quadratic
+in the value's length).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -27,11 +36,19 @@ import h2.exceptions
 import h2.settings
 from grpclib.const import Status
 from h2.errors import ErrorCodes
-from hyperframe.frame import GoAwayFrame
+from hpack import Encoder
+from hyperframe.frame import GoAwayFrame, HeadersFrame, RstStreamFrame
 
 from dracpu.grpc.errors import RPCError
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE, MessageDecoder, encode_message
-from dracpu.grpc.status import RESPONSE_HEADERS, http_error, status_trailers, trailers_only
+from dracpu.grpc.status import (
+    RESPONSE_HEADERS,
+    Headers,
+    bounded_header_value,
+    http_error,
+    status_trailers,
+    trailers_only,
+)
 from dracpu.grpc.timeout import parse_grpc_timeout
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -56,10 +73,29 @@ _RESERVED = frozenset(
     )
 )
 DEFAULT_MAX_CONCURRENT_STREAMS = 1000
-# Advertised in SETTINGS and enforced by the HPACK decoder (an oversized header block
-# ends the connection with ENHANCE_YOUR_CALM). The kubelet's request headers take a few
-# hundred bytes.
-MAX_HEADER_LIST_SIZE = 16 * 1024
+# Advertised in SETTINGS and enforced by the HPACK decoder (a block that decodes to more
+# ends the connection with ENHANCE_YOUR_CALM). 8 KiB is the server default gRPC's
+# PROTOCOL-HTTP2.md suggests for Request-Headers; the kubelet's take a few hundred bytes.
+# (grpc-go advertises 16 MiB, defaultServerMaxHeaderListSize in internal/transport/
+# defaults.go, and so would decode megabytes of headers; we do not.)
+MAX_HEADER_LIST_SIZE = 8 * 1024
+# The encoded header block (HEADERS plus CONTINUATION payloads) is refused from the frame
+# headers, before any of it is HPACK-decoded, once it passes this. An encoder that follows
+# RFC 7541 never needs more bytes for a list than the list's size (each field counts 32
+# bytes over its name and value), so a client under MAX_HEADER_LIST_SIZE is not refused
+# here unless it pads its HEADERS frames. golang.org/x/net/http2 (readMetaFrame) likewise
+# stops decoding a block whose fragments outgrow twice the list budget, and closes the
+# connection.
+MAX_HEADER_BLOCK_SIZE = MAX_HEADER_LIST_SIZE
+# Work done per receive_data(budget=...) call, in units: 1 per frame, 4 per HEADERS frame
+# (a stream opened, decoded and often answered: ~100-200 µs of h2 work, where most frames
+# cost 10-30 µs), and 1 per HEADER_BYTES_PER_UNIT of header block (HPACK-decoding costs
+# up to ~1-2 µs a byte). A step is then at most 16 light frames, 4 requests or one full
+# header block: a few ms, up to ~15 ms for a block of the costliest bytes, after which the
+# shell lets other connections run.
+STEP_BUDGET = 16
+HEADERS_FRAME_UNITS = 4
+HEADER_BYTES_PER_UNIT = 256
 # Request bytes one connection may hold in unfinished messages across all its streams.
 # The client's DATA is acknowledged as it arrives (so windows never stall), which means
 # flow control alone does not bound this: without a cap, every concurrent stream could
@@ -122,29 +158,57 @@ class _Stream:
         self.held = 0  # bytes counted against the connection's buffer budget
 
 
-class _FrameSizeGuard:
-    """Follows frame boundaries as bytes arrive, to refuse an oversized frame from its header.
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A frame or header block over its limit, seen from a frame header."""
 
-    h2 checks a frame's length only once the whole frame is buffered, so a header that
-    announces 16 MiB would make it hold 16 MiB first. Walking the 9-byte headers here costs
-    a few operations per frame and bounds h2's buffer by one frame of the allowed size.
+    what: str  # "frame" or "header block"
+    stream_id: int
+    size: int
+    limit: int
+
+
+_HEADERS_FRAME, _CONTINUATION_FRAME, _END_HEADERS = 0x1, 0x9, 0x4
+
+
+class _FrameGuard:
+    """Follows frame boundaries as bytes arrive, ahead of h2.
+
+    From each 9-byte frame header it refuses a frame over the size limit (h2 checks only
+    once the whole frame is buffered, so a header announcing 16 MiB would make it hold
+    16 MiB first) and a request header block over its limit (h2 would HPACK-decode all of
+    it first), and it measures the work of each step. A few operations per frame.
     """
 
-    __slots__ = ("_header", "_preface", "_skip", "max_frame_size")
+    __slots__ = (
+        "_block",
+        "_block_stream",
+        "_header",
+        "_preface",
+        "_skip",
+        "in_refused_block",
+        "max_frame_size",
+        "max_header_block",
+    )
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, max_header_block: int) -> None:
         self.max_frame_size = max_frame_size
+        self.max_header_block = max_header_block
         self._preface = 24  # the client preface; h2 itself checks its content
         self._header = bytearray()
         self._skip = 0
+        self._block = 0  # header block bytes so far, while a block is open
+        self._block_stream = 0
+        self.in_refused_block = False  # after a refusal: the block's frames still arrive
 
-    def oversized(self, data: bytes) -> int | None:
-        """The announced length of the first frame over the limit in ``data``, if any."""
+    def refused_block_ends(self, data: memoryview) -> bool:
+        """After a refused header block: does ``data`` hold the rest of it?
+
+        Only frame headers are read, to find the frame that ends the block (END_HEADERS,
+        or any frame that is not a CONTINUATION, which would be the client's error).
+        """
         i, n = 0, len(data)
-        if self._preface:
-            i = min(self._preface, n)
-            self._preface -= i
-        while i < n:
+        while i < n and self.in_refused_block:
             if self._skip:
                 step = min(self._skip, n - i)
                 self._skip -= step
@@ -153,13 +217,78 @@ class _FrameSizeGuard:
             take = data[i : i + 9 - len(self._header)]
             self._header += take
             i += len(take)
-            if len(self._header) == 9:
-                length = int.from_bytes(self._header[:3], "big")
-                self._header.clear()
-                if length > self.max_frame_size:
-                    return length
-                self._skip = length
-        return None
+            if len(self._header) < 9:
+                break
+            kind, flags = self._header[3], self._header[4]
+            self._skip = int.from_bytes(self._header[:3], "big")
+            self._header.clear()
+            if kind != _CONTINUATION_FRAME or flags & _END_HEADERS:
+                self.in_refused_block = False
+        return not self.in_refused_block
+
+    def scan(self, data: memoryview, budget: int | None) -> tuple[int, _Refused | None]:
+        """How much of ``data`` one step takes, and the first refused frame in it.
+
+        With a ``budget`` the step ends after the frame that spends it (the whole frame if
+        ``data`` holds it); without one it takes everything.
+        """
+        i, n = 0, len(data)
+        work = 0
+        if self._preface:
+            i = min(self._preface, n)
+            self._preface -= i
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                if not self._skip and budget is not None and work >= budget:
+                    return i, None
+                continue
+            take = data[i : i + 9 - len(self._header)]
+            self._header += take
+            i += len(take)
+            if len(self._header) < 9:
+                break
+            header = self._header
+            length = int.from_bytes(header[:3], "big")
+            kind, flags = header[3], header[4]
+            stream_id = int.from_bytes(header[5:9], "big") & 0x7FFF_FFFF
+            header.clear()
+            if length > self.max_frame_size:
+                return i, _Refused("frame", stream_id, length, self.max_frame_size)
+            work += 1
+            if kind in (_HEADERS_FRAME, _CONTINUATION_FRAME):
+                if kind == _HEADERS_FRAME:
+                    self._block, self._block_stream = 0, stream_id
+                    work += HEADERS_FRAME_UNITS - 1
+                self._block += length
+                if self._block > self.max_header_block:
+                    refused = _Refused(
+                        "header block", self._block_stream, self._block, self.max_header_block
+                    )
+                    self._skip = length
+                    self.in_refused_block = not flags & _END_HEADERS
+                    return i, refused
+                if flags & _END_HEADERS:
+                    self._block = 0
+                work += length // HEADER_BYTES_PER_UNIT
+            self._skip = length
+            if not length and budget is not None and work >= budget:
+                return i, None
+        return i, None
+
+
+class _PlainEncoder(Encoder):
+    """HPACK without Huffman coding for what the server sends.
+
+    hpack's Huffman encoder builds one big integer a few bits at a time, which is
+    quadratic in the value's length (a 64 KiB value took 0.4 s). On a unix socket the
+    bytes Huffman coding saves are not worth any CPU; header values stay literal.
+    """
+
+    def encode(self, headers: Any, huffman: bool = False) -> bytes:
+        return super().encode(headers, huffman=False)
 
 
 def _h2_config() -> h2.config.H2Configuration:
@@ -194,6 +323,11 @@ def decode_metadata(headers: list[tuple[bytes, bytes]]) -> Metadata:
     return tuple(items)
 
 
+def _checked_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """What the server sends, each value printable ASCII of bounded size (status.py)."""
+    return [(name, bounded_header_value(value)) for name, value in headers]
+
+
 class _H2Connection(h2.connection.H2Connection):
     # h2 remembers how every closed stream was closed, up to 65,536 per connection; the
     # kubelet keeps one connection for all its calls, so that table grew with every call
@@ -210,9 +344,11 @@ class GRPCServerConnection:
         max_message_size: int = MAX_MESSAGE_SIZE,
         max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
         max_header_list_size: int = MAX_HEADER_LIST_SIZE,
+        max_header_block_size: int | None = None,
         max_connection_buffer: int = MAX_CONNECTION_BUFFER,
     ) -> None:
         self._h2 = _H2Connection(config=_h2_config())
+        self._h2.encoder = _PlainEncoder()
         self._h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -223,7 +359,11 @@ class GRPCServerConnection:
         # The decoder enforces the limit from the first byte: a client may send headers
         # before it has seen our SETTINGS.
         self._h2.decoder.max_header_list_size = max_header_list_size
-        self._frames = _FrameSizeGuard(self._h2.max_inbound_frame_size)
+        if max_header_block_size is None:
+            max_header_block_size = max_header_list_size
+        self._frames = _FrameGuard(self._h2.max_inbound_frame_size, max_header_block_size)
+        # Bytes of the last read that a budgeted receive_data left for the next call.
+        self._backlog = memoryview(b"")
         self._max_message_size = max_message_size
         self._max_buffer = max_connection_buffer
         self._buffered = 0
@@ -231,6 +371,7 @@ class GRPCServerConnection:
         self._blocked: set[int] = set()  # streams with replies waiting for window
         self._goaway_last_id: int | None = None
         self._extra_out = bytearray()  # frames h2 does not know about (graceful GOAWAY)
+        self._held_goaway = b""  # sent once a refused header block has ended
         self.closed = False
 
     # -- connection level -------------------------------------------------------------
@@ -274,6 +415,16 @@ class GRPCServerConnection:
         # After h2's pending frames, so a SETTINGS ack still goes first.
         self._extra_out += self._h2.data_to_send() + frame.serialize()
 
+    @property
+    def holding_goaway(self) -> bool:
+        """A refused header block is still arriving; the GOAWAY waits for its end."""
+        return bool(self._held_goaway)
+
+    def release_goaway(self) -> None:
+        """Queue the GOAWAY of a refused header block now (the shell stops waiting)."""
+        self._extra_out += self._held_goaway
+        self._held_goaway = b""
+
     def close(self) -> None:
         """Final GOAWAY; the shell closes the socket after flushing."""
         if self.closed:
@@ -285,19 +436,35 @@ class GRPCServerConnection:
             self._h2.close_connection(ErrorCodes.NO_ERROR, last_stream_id=last)
         self._forget_all()
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes from the socket; always flush ``data_to_send`` afterwards."""
+    @property
+    def input_pending(self) -> bool:
+        """Bytes of an earlier read wait for ``receive_data`` (a budgeted call stopped)."""
+        return bool(self._backlog) and not self.closed
+
+    def receive_data(self, data: bytes, *, budget: int | None = None) -> list[Event]:
+        """Feed bytes from the socket; always flush ``data_to_send`` afterwards.
+
+        With ``budget`` (see STEP_BUDGET) at most about that much work is done; the rest
+        of ``data`` is kept, ``input_pending`` is true, and ``receive_data(b"", budget=...)``
+        goes on with it. Without, everything is processed.
+        """
         if self.closed:
+            self._backlog = memoryview(b"")
+            if self._held_goaway and self._frames.refused_block_ends(memoryview(data)):
+                self.release_goaway()
             return []
-        if (length := self._frames.oversized(data)) is not None:
-            self.closed = True
-            self._forget_all()
-            why = f"frame of {length} bytes, max {self._frames.max_frame_size}"
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._h2.close_connection(ErrorCodes.FRAME_SIZE_ERROR, additional_data=why.encode())
-            return [ConnectionClosed(int(ErrorCodes.FRAME_SIZE_ERROR))]
+        view = memoryview(data)
+        if self._backlog:
+            view = memoryview(bytes(self._backlog) + data)
+        end, refused = self._frames.scan(view, budget)
+        self._backlog = view[end:]
+        if refused is not None:
+            closed = self._refuse(refused)
+            if self._held_goaway and self._frames.refused_block_ends(view[end:]):
+                self.release_goaway()
+            return [closed]
         try:
-            h2_events = self._h2.receive_data(data)
+            h2_events = self._h2.receive_data(bytes(view[:end]))
         except h2.exceptions.ProtocolError as exc:
             # h2 has queued GOAWAY(PROTOCOL_ERROR) where it can; nothing else is possible.
             self.closed = True
@@ -319,6 +486,53 @@ class GRPCServerConnection:
         if self._blocked and not self.closed:
             self._pump_blocked()
         return events
+
+    def _refuse(self, refused: _Refused) -> ConnectionClosed:
+        """End the connection over a frame or header block seen to be too large.
+
+        Nothing of the refused frame reaches h2. An oversized frame is a FRAME_SIZE_ERROR
+        (RFC 9113 4.2). An oversized header block cannot be skipped without decoding it
+        (HPACK state is shared by the whole connection), so the connection ends too, but
+        first its stream gets a Trailers-Only RESOURCE_EXHAUSTED saying why, and the
+        GOAWAY names that stream as processed so the client takes the status. The GOAWAY
+        waits until the client has sent the rest of the block (``receive_data`` still
+        scans frame headers), or ``release_goaway``: a client still sending its request
+        (grpcio) fails the call on a GOAWAY before it has read the status.
+        """
+        self.closed = True
+        self._forget_all()
+        self._backlog = memoryview(b"")
+        why = f"{refused.what} of {refused.size} bytes, max {refused.limit}"
+        if refused.what == "frame":
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.close_connection(ErrorCodes.FRAME_SIZE_ERROR, additional_data=why.encode())
+            return ConnectionClosed(int(ErrorCodes.FRAME_SIZE_ERROR))
+        # After what h2 already queued (SETTINGS acks, earlier replies).
+        out = self._h2.data_to_send()
+        sid = refused.stream_id
+        last_id = self._h2.highest_inbound_stream_id
+        if sid % 2 == 1 and sid > last_id:
+            message = (
+                f"request metadata too large: header block of more than {refused.limit} "
+                f"bytes (at least {refused.size}); connection closed"
+            )
+            answer = HeadersFrame(sid, flags=("END_HEADERS", "END_STREAM"))
+            answer.data = self._h2.encoder.encode(
+                _checked_headers(trailers_only(Status.RESOURCE_EXHAUSTED, message))
+            )
+            # Answered before the request ended: RST_STREAM(NO_ERROR) tells the client it
+            # may stop sending and take the status (PROTOCOL-HTTP2.md, Early Server Closure).
+            out += (
+                answer.serialize() + RstStreamFrame(sid, error_code=ErrorCodes.NO_ERROR).serialize()
+            )
+            last_id = sid
+        goaway = GoAwayFrame(0, last_stream_id=last_id, error_code=ErrorCodes.ENHANCE_YOUR_CALM)
+        goaway.additional_data = why.encode()
+        self._extra_out += out
+        self._held_goaway = goaway.serialize()
+        if not self._frames.in_refused_block:
+            self.release_goaway()
+        return ConnectionClosed(int(ErrorCodes.ENHANCE_YOUR_CALM))
 
     def _handle(self, ev: h2.events.Event, out: list[Event]) -> None:
         if isinstance(ev, h2.events.DataReceived):
@@ -385,12 +599,12 @@ class GRPCServerConnection:
             elif name == b"grpc-timeout":
                 timeout_value = value
         if method != b"POST":
-            self._h2.send_headers(sid, http_error(405, "gRPC requires POST"), end_stream=True)
+            self._send_headers(sid, http_error(405, "gRPC requires POST"), end_stream=True)
             self._finish_early(sid, ev.stream_ended is not None)
             return
         if content_type is None or not content_type.startswith(b"application/grpc"):
             shown = (content_type or b"").decode("ascii", errors="replace")
-            self._h2.send_headers(
+            self._send_headers(
                 sid, http_error(415, f"invalid gRPC content-type {shown!r}"), end_stream=True
             )
             self._finish_early(sid, ev.stream_ended is not None)
@@ -476,7 +690,7 @@ class GRPCServerConnection:
         if stream is None or stream.trailers is not None:
             return  # reset by the client, or already answered: drop silently
         if not stream.headers_sent:
-            self._h2.send_headers(stream_id, RESPONSE_HEADERS)
+            self._send_headers(stream_id, RESPONSE_HEADERS)
             stream.headers_sent = True
         stream.outbound += encode_message(payload)
         self._pump(stream_id, stream)
@@ -484,7 +698,7 @@ class GRPCServerConnection:
     def send_initial_metadata(self, stream_id: int) -> None:
         stream = self._streams.get(stream_id)
         if stream is not None and not stream.headers_sent and stream.trailers is None:
-            self._h2.send_headers(stream_id, RESPONSE_HEADERS)
+            self._send_headers(stream_id, RESPONSE_HEADERS)
             stream.headers_sent = True
 
     def send_status(self, stream_id: int, status: Status, message: str = "") -> None:
@@ -502,6 +716,9 @@ class GRPCServerConnection:
         """Abandon a stream (e.g. deadline passed while replies were still queued)."""
         if self._forget(stream_id) is not None:
             self._h2.reset_stream(stream_id, error_code)
+
+    def _send_headers(self, sid: int, headers: Headers, *, end_stream: bool = False) -> None:
+        self._h2.send_headers(sid, _checked_headers(headers), end_stream=end_stream)
 
     def outbound_pending(self, stream_id: int) -> int:
         """Reply bytes of this stream not yet handed to h2 (waiting for window)."""
@@ -531,7 +748,7 @@ class GRPCServerConnection:
                 del out[:size]
             self._blocked.discard(sid)
             if stream.trailers is not None:
-                h2conn.send_headers(sid, stream.trailers, end_stream=True)
+                self._send_headers(sid, stream.trailers, end_stream=True)
                 if not stream.client_done:
                     # Answered before the request ended: release the stream (1.4).
                     h2conn.reset_stream(sid, ErrorCodes.NO_ERROR)

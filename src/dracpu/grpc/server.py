@@ -11,6 +11,7 @@ left and removes the socket file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -26,6 +27,7 @@ from grpclib.exceptions import GRPCError
 from h2.errors import ErrorCodes
 
 from dracpu.grpc.connection import (
+    STEP_BUDGET,
     ConnectionClosed,
     GRPCServerConnection,
     Metadata,
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
 DEFAULT_GRACE_PERIOD = 5.0
+# After the protocol core ends a connection (a refused header block, a protocol error),
+# what the client still sends is read and dropped for this long, or this much, before the
+# socket closes: see _Connection._linger.
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 8 * 1024 * 1024
 _ACCEPT_RETRY_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS))
 
 
@@ -173,16 +180,55 @@ class _Connection:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    async def _linger(self) -> None:
+        """Let the client read the last frames of a connection the core ended.
+
+        Closing a unix socket with unread bytes in it resets the connection, and a client
+        still sending (the rest of a refused header block) may then fail with EPIPE before
+        it reads the status and GOAWAY we sent. So whatever the client still sends is read
+        (the core only looks for the end of a refused header block, which releases the
+        GOAWAY) and dropped, for a short while; EOF follows our last frame.
+        """
+        eof_sent = False
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            with trio.move_on_after(LINGER_SECONDS):
+                dropped = 0
+                while dropped < LINGER_BYTES:
+                    await self.flush()
+                    if not eof_sent and not self.core.holding_goaway:
+                        if isinstance(self._sock, trio.abc.HalfCloseableStream):
+                            await self._sock.send_eof()
+                        eof_sent = True
+                    data = await self._sock.receive_some(READ_SIZE)
+                    if not data:
+                        break
+                    dropped += len(data)
+                    self.core.receive_data(bytes(data))
+            self.core.release_goaway()
+            await self.flush()
+
     async def _read_loop(self) -> None:
-        while not self.core.closed:
+        while True:
+            if self.core.closed:
+                await self._linger()
+                return
             try:
                 data = await self._sock.receive_some(READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if not data:
                 return
-            for event in self.core.receive_data(bytes(data)):
-                self._dispatch(event)
+            # A step at a time: between steps other connections run, so however much work
+            # one read holds (thousands of tiny frames, a maximal header block) it delays
+            # them by one step (STEP_BUDGET), not by the whole read.
+            events = self.core.receive_data(bytes(data), budget=STEP_BUDGET)
+            while True:
+                for event in events:
+                    self._dispatch(event)
+                if not self.core.input_pending:
+                    break
+                await trio.lowlevel.checkpoint()
+                events = self.core.receive_data(b"", budget=STEP_BUDGET)
             # Window updates may unblock senders; SETTINGS/PING acks must leave (1.1).
             self._window_changed.set()
             self._window_changed = trio.Event()

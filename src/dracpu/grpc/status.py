@@ -1,4 +1,14 @@
-"""gRPC status trailers and ``grpc-message`` percent-encoding (protocols.md 1.4, 1.5)."""
+"""gRPC status trailers and ``grpc-message`` percent-encoding (protocols.md 1.4, 1.5).
+
+Everything the server puts in a header goes through here, so this is where outbound
+header values are bounded: a ``grpc-message`` is valid UTF-8, percent-encoded as gRPC's
+PROTOCOL-HTTP2.md defines it (every byte outside 0x20-0x7E, and '%', becomes ``%XX``), and
+at most ``MAX_STATUS_MESSAGE`` bytes once encoded. Error texts can quote request fields of
+any size (a claim name is up to 4 MiB of a request message); a header that size cost
+minutes of CPU in the HPACK encoder, and clients would not take it anyway:
+PROTOCOL-HTTP2.md suggests they limit trailers to 8 KiB, and grpcio fails a call whose
+trailers pass its 16 KiB hard limit.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +18,82 @@ from grpclib.const import Status
 
 Headers = list[tuple[bytes, bytes]]
 
-# Bytes that travel literally in grpc-message: printable ASCII except '%'.
-_PLAIN = frozenset(range(0x20, 0x7F)) - {0x25}
+# Encoded bytes of one grpc-message: the whole Trailers-Only block stays well under the
+# 8 KiB that PROTOCOL-HTTP2.md suggests clients accept.
+MAX_STATUS_MESSAGE = 4096
+# Bytes that must be escaped: everything except printable ASCII, and '%' itself.
+_UNSAFE = re.compile(rb"[^\x20-\x24\x26-\x7e]")
+_NOT_PRINTABLE = re.compile(rb"[^\x20-\x7e]")
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _ESCAPED = [b"%%%02X" % b for b in range(256)]
+_PERCENT = 0x25
 
 RESPONSE_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 
-def encode_grpc_message(text: str) -> bytes:
-    """UTF-8 text -> header value, every byte outside 0x20-0x7E and '%' as %XX (uppercase)."""
-    raw = text.encode("utf-8", errors="surrogatepass")
-    if all(b in _PLAIN for b in raw):
+def _escape(raw: bytes) -> bytes:
+    if _UNSAFE.search(raw) is None:
         return raw
-    return b"".join(bytes((b,)) if b in _PLAIN else _ESCAPED[b] for b in raw)
+    return _UNSAFE.sub(lambda m: _ESCAPED[m[0][0]], raw)
+
+
+def _whole_prefix(encoded: bytes, size: int) -> bytes:
+    """The longest prefix of at most ``size`` bytes that ends between escapes and between
+    UTF-8 characters (so that it still decodes to valid UTF-8)."""
+    cut = min(size, len(encoded))
+    # Not inside an escape: a '%' in the last two kept bytes starts a cut escape.
+    pct = encoded.rfind(b"%", max(0, cut - 2), cut)
+    if pct != -1:
+        cut = pct
+    # Not inside a multi-byte character. Its bytes are all >= 0x80, so all escaped: walk
+    # back over escaped continuation bytes to the lead byte and count what is kept.
+    back = cut
+    while back >= 3 and encoded[back - 3] == _PERCENT:
+        byte = int(encoded[back - 2 : back], 16)
+        if byte & 0xC0 != 0x80:
+            if byte >= 0xC0:
+                need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                if (cut - back) // 3 + 1 < need:
+                    cut = back - 3
+            break
+        back -= 3
+    return encoded[:cut]
+
+
+def encode_grpc_message(text: str, limit: int = MAX_STATUS_MESSAGE) -> bytes:
+    """UTF-8 text -> header value: %XX escapes as gRPC defines them, at most ``limit`` bytes.
+
+    Linear in ``limit``, not in the text: a longer text is cut (on a character boundary)
+    and ends with a note saying so. Lone surrogates, which have no UTF-8 form, become '?'.
+    """
+    # Every character takes at least one byte, so nothing past `limit` characters can be
+    # kept; the rest of a huge text is never encoded or scanned.
+    head = text[: limit + 1]
+    return _bounded(head, len(head) == len(text), f"{len(text)} characters", limit)
+
+
+def bounded_header_value(value: bytes, limit: int = MAX_STATUS_MESSAGE) -> bytes:
+    """Any outbound header value as a valid one: printable ASCII, at most ``limit`` bytes.
+
+    Values built by this module already are; this is the check every HEADERS frame the
+    server sends goes through, and costs one regular-expression scan when nothing is wrong.
+    Anything else is treated as a grpc-message: UTF-8 (invalid bytes replaced), escaped, cut.
+    """
+    if len(value) <= limit and _NOT_PRINTABLE.search(value) is None:
+        return value
+    head = value[: limit + 1]
+    text = head.decode("utf-8", errors="replace")
+    return _bounded(text, len(head) == len(value), f"{len(value)} bytes", limit)
+
+
+def _bounded(head: str, complete: bool, total: str, limit: int) -> bytes:
+    encoded = _escape(head.encode("utf-8", errors="replace"))
+    if complete and len(encoded) <= limit:
+        return encoded
+    note = f" [truncated; {total} in all]".encode()
+    if len(note) > limit:
+        return _whole_prefix(encoded, limit)
+    return _whole_prefix(encoded, limit - len(note)) + note
 
 
 def decode_grpc_message(value: bytes) -> str:

@@ -125,6 +125,9 @@ class HTTPServer:
                 return
             if step.close:
                 return
+            if step.more:
+                await trio.lowlevel.checkpoint()  # a long body: others run between steps
+                continue
             if not step.need_data:
                 request_start = None  # a response went out; the next request has not begun
                 continue
