@@ -144,6 +144,7 @@ class DriftWatcher:
         self.last_report: DriftReport | None = None
         self.checks = 0
         self._scanned_dirs: list[str] = []
+        self._hierarchy_missing = False
         self._wakeup = trio.Event()
         self._checking = False
         self._held_events: list[InotifyEvent] = []
@@ -174,8 +175,15 @@ class DriftWatcher:
         try:
             self.writer.layout  # noqa: B018 - detect once, so a bad root is one clear error
         except CgroupPathError as exc:
-            log.warning("drift check skipped: %s", exc)
+            # Said once (and at start-up by the daemon, with a metric); every check after
+            # that only at debug level, until the hierarchy appears.
+            if not self._hierarchy_missing:
+                log.warning("drift check skipped: %s", exc)
+            else:
+                log.debug("drift check skipped: %s", exc)
+            self._hierarchy_missing = True
             return self._finish(DriftReport(errors=1, error_messages=(str(exc),)))
+        self._hierarchy_missing = False
         errors: list[str] = []
         self._written_dirs = set()
         before = self._ask_view(from_thread)
@@ -257,11 +265,13 @@ class DriftWatcher:
                 log.info("%s", words.done(intent))
                 if self.metrics is not None:
                     self.metrics.count_drift_repair("success")
+                    self.metrics.count_fallback_write("success", "drift")
                 continue
             errors.append(message)
             log.warning("%s", message)
             if self.metrics is not None:
                 self.metrics.count_drift_repair("error")
+                self.metrics.count_fallback_write("error", "drift")
         return written
 
     def _find_unknown(
