@@ -1,12 +1,37 @@
-# dracpu developer entry points. Every target creates .venv when it is missing.
+# dracpu developer entry points. Every target creates .venv when it is missing (`make .venv`
+# does only that).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint proto proto-check bench clean docs-check chaos
+.PHONY: .venv demo test lint proto proto-check fixtures-check bench clean docs-check chaos
+
+# A venv built by another Python than $(PYTHON) (another version or installation), or one
+# whose interpreter no longer runs, is removed before any rule looks at it, so the stamp rule
+# below builds it again instead of failing the same way on every run.
+# (`make -n` only says so.)
+PY_ID := import sys; print(sys.version.split()[0], sys.base_prefix)
+DRY_RUN := $(findstring n,$(firstword -$(MAKEFLAGS)))
+ifneq ($(wildcard $(BIN)/python),)
+WANT_ID := $(shell $(PYTHON) -c '$(PY_ID)' 2>/dev/null)
+ifneq ($(WANT_ID),)
+ifneq ($(shell $(BIN)/python -c '$(PY_ID)' 2>/dev/null),$(WANT_ID))
+$(info $(VENV) was not built by $(PYTHON) ($(WANT_ID)): building it again)
+ifeq ($(DRY_RUN),)
+$(shell rm -rf $(VENV))
+endif
+endif
+endif
+endif
+
+.venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "dracpu needs Python 3.11 or newer; $(PYTHON) is" \
+	    "$$($(PYTHON) -V 2>/dev/null || echo 'not found')." \
+	    "Run make PYTHON=python3.11 (or newer) $(MAKECMDGOALS)" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -28,6 +53,11 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(BIN)/python tools/gen_proto.py --check
+
+# The sysfs trees under tests/fake_sysfs/ against a fresh run of tools/gen_fake_sysfs.py
+# (written to a temp dir); exit 1 on any drift. See tests/fake_sysfs/README.md.
+fixtures-check: $(STAMP)
+	$(BIN)/python tools/gen_fake_sysfs.py --check
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

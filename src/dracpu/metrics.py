@@ -103,6 +103,16 @@ DRACPU_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
         "Time from a shared pool change to every shared container's cgroup verified on it.",
     ),
     MetricDefinition(
+        "dracpu_cpu_hotplug_events_total",
+        "counter",
+        "Changes of the node's online CPUs that dracpu noticed (a CPU taken offline or back).",
+    ),
+    MetricDefinition(
+        "dracpu_claims_on_offline_cpus",
+        "gauge",
+        "Prepared claims holding at least one CPU that is offline now (reported UNHEALTHY).",
+    ),
+    MetricDefinition(
         "dracpu_cgroup_cpuset_hierarchy_found",
         "gauge",
         "1 when dracpu found the cpuset cgroup hierarchy it writes to, 0 when it found none.",
@@ -199,6 +209,8 @@ class DriverMetrics:
             registry=registry,
         )
         self.cpuset_hierarchy_found = gauge("dracpu_cgroup_cpuset_hierarchy_found")
+        self.hotplug_events = counter("dracpu_cpu_hotplug_events_total")
+        self.claims_on_offline_cpus = gauge("dracpu_claims_on_offline_cpus")
         self.cpuset_hierarchy_found.set(1)
         self.drift_repairs = counter("dracpu_cgroup_drift_repairs_total")
         self.drifted_containers = gauge("dracpu_cgroup_drifted_containers")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from topo_builders import cs, grid
+from builders import cs, grid
 
 from dracpu.allocation import AllocationError, take_by_topology_numa_distributed
 from dracpu.topology.model import Topology

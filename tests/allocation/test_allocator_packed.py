@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from topo_builders import Row, cs, from_rows, grid, quirk_19_1
+from builders import Row, cs, from_rows, grid, quirk_19_1
 
 from dracpu.allocation import AllocationError, AllocationOptions, take_cpus
 from dracpu.cpuset import CPUSet

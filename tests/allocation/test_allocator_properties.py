@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from builders import from_rows, grid_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from topo_builders import from_rows, grid_rows
 
 from dracpu.allocation import (
     AllocationError,

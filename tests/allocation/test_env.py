@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dracpu.allocation.env import DRAEnvError, go_quote, parse_cpuset, parse_dra_env
+from dracpu.allocation.env import DRAEnvError, parse_cpuset, parse_dra_env
 from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.gofmt import go_quote
 
 
 @pytest.mark.parametrize(

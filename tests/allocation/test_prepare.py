@@ -22,12 +22,11 @@ from dracpu.allocation.prepare import (
     cdi_device_id,
     cdi_device_name,
     cdi_env_entry,
-    commit_plan,
     plan_claim,
-    rollback,
 )
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
 from dracpu.cpuset import CPUSet
+from dracpu.state import NodeState
 from dracpu.topology.model import Topology
 
 # 8 CPUs, 2 sockets = 2 NUMA nodes = 2 L3s; siblings (0,4),(1,5) on socket 0, (2,6),(3,7) on 1.
@@ -93,6 +92,14 @@ def err(c: ClaimAllocation, names: Names, st: AllocationStore, topo: Topology = 
     return str(info.value)
 
 
+def commit(st: AllocationStore, p: ClaimPlan) -> bool:
+    """A prepare whose files reached the disk: the state owner reserves, then commits."""
+    state = NodeState(st)
+    new = state.begin_prepare(p)
+    state.finish_prepare(p)
+    return new
+
+
 def dev(device: str, request: str = "cpus", allocated: int | None = None) -> PreparedDevice:
     return PreparedDevice(
         pool_name="node-a",
@@ -130,7 +137,7 @@ def test_individual_results_of_other_drivers_are_ignored() -> None:
     assert p.is_empty
     assert p.cpus == CPUSet()
     assert p.devices == ()
-    assert commit_plan(st, p) is False
+    assert commit(st, p) is False
     assert len(st) == 0
 
 
@@ -145,19 +152,19 @@ def test_individual_prepare_commit_and_reprepare() -> None:
     assert p.record == ClaimRecord(
         uid="u1", namespace="ns", name="c", cpus=cs("0,4"), devices=p.devices
     )
-    assert commit_plan(st, p) is True
+    assert commit(st, p) is True
     assert st.shared_pool == cs("1-3,5-7")
     again = plan(c, IND, st)
     assert again.already_prepared is True
     assert again.cpus == cs("0,4")
     assert again.devices == p.devices
-    assert commit_plan(st, again) is False
+    assert commit(st, again) is False
     assert st.shared_pool == cs("1-3,5-7")
 
 
 def test_individual_already_prepared_with_different_cpus() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("cpudev000"), res("cpudev001")), IND, st))
+    commit(st, plan(claim(res("cpudev000"), res("cpudev001")), IND, st))
     assert err(claim(res("cpudev000"), res("cpudev002")), IND, st) == (
         "claim ns/c is already prepared with different CPUs 0,4 (requested 0-1)"
     )
@@ -165,7 +172,7 @@ def test_individual_already_prepared_with_different_cpus() -> None:
 
 def test_individual_overlap_with_other_claims() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("cpudev002"), uid="other"), IND, st))
+    commit(st, plan(claim(res("cpudev002"), uid="other"), IND, st))
     c = claim(res("cpudev000"), res("cpudev002"))
     assert err(c, IND, st) == "claim ns/c has overlapping device assignment with other claims"
 
@@ -233,7 +240,7 @@ def test_grouped_numa_pick_and_commit() -> None:
     assert p.cpus == cs("1,5")
     assert p.devices == (dev("cpudevnuma000", allocated=2),)
     assert p.record.options == {}
-    assert commit_plan(st, p) is True
+    assert commit(st, p) is True
     assert st.prepared == cs("1,5")
 
 
@@ -254,7 +261,7 @@ def test_grouped_results_on_two_groups() -> None:
 
 def test_grouped_other_claims_are_not_candidates() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("cpudevnuma000", "2"), uid="first"), NUMA, st))
+    commit(st, plan(claim(res("cpudevnuma000", "2"), uid="first"), NUMA, st))
     p = plan(claim(res("cpudevnuma000", "2"), uid="second"), NUMA, st)
     assert p.cpus == cs("1,5")
     assert err(claim(res("cpudevnuma000", "1"), uid="third"), NUMA, store("0-1,4-5")) == (
@@ -283,7 +290,7 @@ def test_grouped_socket_mode_uses_the_whole_socket() -> None:
 
 def test_grouped_idempotent_even_for_another_group() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
+    commit(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
     again = plan(claim(res("cpudevnuma001", "4")), NUMA, st)
     assert again.already_prepared is True
     assert again.cpus == cs("0,4")
@@ -348,36 +355,39 @@ def test_grouped_cpuset_overrides_are_ignored_outside_machine_mode() -> None:
     assert p.cpus == cs("0")
 
 
-# -- commit and rollback (§8.6, §8.7) --------------------------------------------------------
+# -- carrying a plan out with the state owner (§8.6, §8.7) ----------------------------------
 
 
-def test_rollback_of_a_new_claim_frees_its_cpus() -> None:
+def test_abort_of_a_new_claim_frees_its_cpus() -> None:
     st = store()
+    state = NodeState(st)
     p = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
-    commit_plan(st, p)
-    rollback(st, p)  # the CDI write failed
+    state.begin_prepare(p)
+    state.abort_prepare(p)  # the CDI write failed
     assert len(st) == 0
     assert st.shared_pool == cs("0-7")
 
 
-def test_rollback_of_a_reprepare_keeps_the_allocation() -> None:
+def test_abort_of_a_reprepare_keeps_the_allocation() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
+    state = NodeState(st)
+    commit(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
     again = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
-    commit_plan(st, again)
-    rollback(st, again)
+    state.begin_prepare(again)
+    state.abort_prepare(again)
     assert st.cpus_of("u1") == cs("0,4")
 
 
-def test_rollback_never_releases_someone_elses_cpus() -> None:
+def test_abort_never_releases_someone_elses_cpus() -> None:
     st = store()
+    state = NodeState(st)
     p = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
-    rollback(st, p)  # never committed: nothing to undo
+    state.abort_prepare(p)  # never begun: nothing to undo
     st.reserve(ClaimRecord(uid="u1", cpus=cs("7")))
-    rollback(st, p)
+    state.abort_prepare(p)
     assert st.cpus_of("u1") == cs("7")
     empty = plan(claim(), NUMA, st)
-    rollback(st, empty)
+    state.abort_prepare(empty)
     assert st.cpus_of("u1") == cs("7")
 
 
@@ -385,9 +395,9 @@ def test_commit_of_a_stale_plan_is_refused_by_the_store() -> None:
     st = store()
     first = plan(claim(res("cpudevnuma000", "2"), uid="a"), NUMA, st)
     second = plan(claim(res("cpudevnuma000", "2"), uid="b"), NUMA, st)
-    commit_plan(st, first)
+    commit(st, first)
     with pytest.raises(PrepareError) as info:
-        commit_plan(st, second)
+        commit(st, second)
     assert str(info.value) == 'claim "b" has overlapping CPU assignment "0,4"'
     assert st.cpus_of("b") is None
 
@@ -428,7 +438,7 @@ def test_claims_never_share_cpus_and_stay_in_their_group(
         for n, _ in wanted:
             allowed |= BIG.by_numa[n]
         assert p.cpus <= allowed & pool_before
-        assert commit_plan(st_, p) is True
+        assert commit(st_, p) is True
         taken[c.uid] = p.cpus
     seen = CPUSet()
     for uid, cpus in taken.items():

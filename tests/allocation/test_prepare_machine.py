@@ -15,11 +15,11 @@ from dracpu.allocation.prepare import (
     ClaimAllocation,
     ClaimPlan,
     PrepareError,
-    commit_plan,
     plan_claim,
 )
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
 from dracpu.cpuset import CPUSet
+from dracpu.state import NodeState
 
 TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2)  # CPUs 0-7
 ONLINE = CPUSet.range(0, 9)  # CPUs 8-9 are online but were skipped by discovery
@@ -96,6 +96,14 @@ def err(c: ClaimAllocation, st: AllocationStore) -> str:
     return str(info.value)
 
 
+def commit(st: AllocationStore, p: ClaimPlan) -> bool:
+    """A prepare whose files reached the disk: the state owner reserves, then commits."""
+    state = NodeState(st)
+    new = state.begin_prepare(p)
+    state.finish_prepare(p)
+    return new
+
+
 def test_behavior_example_override() -> None:
     st = store()
     p = plan(claim(res("4"), configs=(override("4-7"),)), st)
@@ -108,7 +116,7 @@ def test_behavior_example_override() -> None:
             allocated_num_cpus=4,
         ),
     )
-    assert commit_plan(st, p) is True
+    assert commit(st, p) is True
     assert st.shared_pool == cs("1-3")
 
 
@@ -139,7 +147,7 @@ def test_two_results_with_their_own_overrides() -> None:
 
 def test_idempotent_reprepare() -> None:
     st = store()
-    commit_plan(st, plan(claim(res("4"), configs=(override("4-7"),)), st))
+    commit(st, plan(claim(res("4"), configs=(override("4-7"),)), st))
     again = plan(claim(res("2"), configs=(override("1-2"),)), st)
     assert again.already_prepared is True
     assert again.cpus == cs("4-7")
@@ -267,5 +275,5 @@ def test_override_of_online_cpus_outside_the_topology_fails_at_reserve() -> None
     p = plan(claim(res("2"), configs=(override("8-9"),)), st)
     assert p.cpus == cs("8-9")
     with pytest.raises(PrepareError) as info:
-        commit_plan(st, p)
+        commit(st, p)
     assert str(info.value) == 'claim "u1" has overlapping CPU assignment "8-9"'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from builders import cs
 
 from dracpu.allocation.store import (
     AllocationStore,
@@ -16,10 +17,6 @@ from dracpu.allocation.store import (
     StoreSnapshot,
 )
 from dracpu.cpuset import CPUSet
-
-
-def cs(text: str) -> CPUSet:
-    return CPUSet.parse(text)
 
 
 def rec(uid: str, cpus: str) -> ClaimRecord:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
@@ -12,14 +13,9 @@ import trio.testing
 from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
+from dracpu.cgroupfs.drift import DriftReport, container_id_of, find_drift, is_container_dir
 from dracpu.cgroupfs.inotify import IN_CREATE, IN_MODIFY, decode_events, open_inotify
-from dracpu.cgroupfs.watcher import (
-    DriftReport,
-    DriftWatcher,
-    container_id_of,
-    find_drift,
-    is_container_dir,
-)
+from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
@@ -126,6 +122,9 @@ def test_drift_is_repaired_and_counted(tmp_path: Path) -> None:
     assert read(tree.leaf(3) / "cpuset.cpus") == "0-1"
     assert tree.sample("dracpu_cgroup_drifted_containers") == 2
     assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 2
+    fallback = "dracpu_cgroup_fallback_writes_total"
+    assert tree.sample(fallback, result="success", cause="drift") == 2
+    assert tree.sample(fallback, result="success", cause="verify-mismatch") == 0
     again = w.check_once()
     assert (again.drifted, again.repaired) == (0, 0)
     assert tree.sample("dracpu_cgroup_drifted_containers") == 0
@@ -469,3 +468,16 @@ def test_nothing_is_confined_until_the_owner_knows_every_container(tmp_path: Pat
     complete = True
     assert w.check_once().unknown_confined == 1
     assert read(holder / "cpuset.cpus") == "2-7"
+
+
+def test_a_missing_hierarchy_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = tmp_path / "no-cgroups"
+    empty.mkdir()
+    w = DriftWatcher(CgroupWriter(str(empty)), list, lambda: "0-7")
+    with caplog.at_level(logging.DEBUG, logger="dracpu.cgroupfs.watcher"):
+        reports = [w.check_once() for _ in range(3)]
+    assert all(r.errors == 1 for r in reports)
+    levels = [r.levelno for r in caplog.records if "drift check skipped" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]

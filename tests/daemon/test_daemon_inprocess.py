@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import trio
 from builders import allocation, device_result, fetch, no_signals, resource_claim
 
+from dracpu.allocation.store import ClaimRecord
 from dracpu.config import DriverConfig
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.app import Daemon
@@ -371,3 +373,126 @@ async def test_isolated_cpus_never_join_the_shared_pool(short_tmp: str, publish:
     assert state["topology"]["nohzFull"] == "4-7,12-15"
     # Published isolated CPUs can be claimed; unpublished ones are not dracpu's at all.
     assert state["isolated"] == ("2-7,10-15" if publish else "")
+
+
+def set_online(sysfs: Path, cpu: int, online: bool, everything: CPUSet) -> CPUSet:
+    """Take a CPU offline (or back) in a sysfs tree as the kernel would show it."""
+    cpu_dir = sysfs / "devices/system/cpu"
+    (cpu_dir / f"cpu{cpu}" / "online").write_text("1\n" if online else "0\n")
+    now = CPUSet.parse((cpu_dir / "online").read_text().strip())
+    now = (now | CPUSet([cpu])) if online else (now - CPUSet([cpu]))
+    (cpu_dir / "online").write_text(f"{now.format()}\n")
+    return now & everything
+
+
+async def test_a_claimed_cpu_taken_offline_and_back(short_tmp: str, tmp_path: Path) -> None:
+    """Issue #16: offlining a claimed CPU makes its device UNHEALTHY within 5 s, keeps the
+    claim in the checkpoint and republishes the slices without the CPU; onlining it
+    restores all three."""
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "xeon-2s-ht", sysfs)
+    node = Node(short_tmp, sysfsRoot=str(sysfs))
+    seen: dict[str, Any] = {}
+
+    def capacity() -> str:
+        (numa1,) = [
+            d
+            for s in node.api.list("resourceslices")
+            for d in s["spec"]["devices"]
+            if d["name"] == "cpudevnuma001"
+        ]
+        return str(numa1["capacity"]["dra.cpu/cpu"]["value"])
+
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        kube = KubeClient.from_kubeconfig(node.path("kubeconfig"))
+        daemon = Daemon(
+            node.config,
+            kube=kube,
+            node_name="node-a",
+            proc_root=node.path("proc"),
+            hotplug_interval=0.1,
+        )
+        sup = Supervisor()
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
+            info = await trio.to_thread.run_sync(register, reg)
+            with trio.fail_after(10):
+                while not all(daemon.readiness().values()):
+                    await trio.sleep(0.05)
+            uid = seen["uid"] = node.allocated_claim("c1", "cpudevnuma001", 4)
+            request = dra_pb.NodePrepareResourcesRequest(
+                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
+            )
+            await trio.to_thread.run_sync(
+                dra_call,
+                info.endpoint,
+                "NodePrepareResources",
+                request,
+                dra_pb.NodePrepareResourcesResponse,
+            )
+            assert daemon.state is not None and daemon.kubelet is not None
+            cpus = daemon.state.store.cpus_of(uid)
+            assert cpus is not None
+            victim = seen["victim"] = cpus.max()
+            seen["capacity_before"] = capacity()
+            set_online(sysfs, victim, False, CPUSet.parse("0-79"))
+            with trio.fail_after(5):
+                while not daemon.kubelet.health.report().unhealthy:
+                    await trio.sleep(0.05)
+            seen["unhealthy"] = daemon.kubelet.health.report().unhealthy
+            with trio.fail_after(5):
+                while capacity() == seen["capacity_before"]:
+                    await trio.sleep(0.05)
+            seen["capacity_offline"] = capacity()
+            seen["pool_offline"] = daemon.state.shared_pool
+            seen["gauge"] = daemon.registry.get_sample_value("dracpu_claims_on_offline_cpus")
+            checkpoint = json.loads(Path(node.path("state"), "checkpoint.json").read_text())
+            seen["checkpoint"] = [(c["uid"], c["cpus"]) for c in checkpoint["claims"]]
+            seen["cpus"] = cpus.format()
+            set_online(sysfs, victim, True, CPUSet.parse("0-79"))
+            with trio.fail_after(5):
+                while daemon.kubelet.health.report().unhealthy or capacity() != "40":
+                    await trio.sleep(0.05)
+            seen["pool_back"] = daemon.state.shared_pool
+            s.request_stop("done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        nursery.cancel_scope.cancel()
+    victim, uid = seen["victim"], seen["uid"]
+    ((device, why),) = seen["unhealthy"]
+    assert device == "cpudevnuma001"
+    assert why == f"claim default/c1 holds CPU(s) {victim}, which are offline"
+    assert (seen["capacity_before"], seen["capacity_offline"]) == ("40", "39")
+    assert seen["checkpoint"] == [(uid, seen["cpus"])]  # the claim is kept
+    assert seen["gauge"] == 1
+    assert victim not in seen["pool_offline"]
+    assert seen["pool_back"] == seen["pool_offline"]  # the victim is the claim's, not the pool's
+
+
+def test_a_restart_keeps_a_claim_whose_cpu_is_offline(short_tmp: str, tmp_path: Path) -> None:
+    """The checkpoint's claim holds CPU 79, offline when the daemon starts: it is kept (not
+    dropped as 'no longer allocatable'), and CPU 79 stays out of the shared pool."""
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "xeon-2s-ht", sysfs)
+    set_online(sysfs, 79, False, CPUSet.parse("0-79"))
+    node = Node(short_tmp, sysfsRoot=str(sysfs))
+
+    def daemon() -> Daemon:  # start-up steps only: no API server needed
+        return Daemon(node.config, kube=None, node_name="node-a")  # type: ignore[arg-type]
+
+    first = daemon()
+    first._build_node()
+    assert first.checkpoint is not None and first.state is not None
+    first.state.restore([ClaimRecord(uid="u1", cpus=CPUSet.parse("39,79"), name="c")])
+    first.checkpoint.write()
+    second = daemon()
+    second._build_node()
+    second._restore()
+    assert second.state is not None
+    assert second.state.store.cpus_of("u1") == CPUSet.parse("39,79")
+    assert second.state.store.offline == CPUSet([79])
+    assert 79 not in second.state.shared_pool and 79 not in second.state.store.free

@@ -15,8 +15,8 @@ from dracpu.devices import (
     build_slices,
     pool_device_names,
     slice_index_prefix,
-    validate_slice,
 )
+from dracpu.sim.apiserver.validation import validate_resource_slice
 from dracpu.topology import discover_from_root
 
 cs = CPUSet.parse
@@ -90,7 +90,7 @@ def test_grouped_numanode_slice_matches_spec_example() -> None:
             },
         }
     ]
-    assert validate_slice(slices[0]) == []
+    assert validate_resource_slice(slices[0]) == []
 
 
 def test_individual_slice_device_matches_spec_example() -> None:
@@ -149,7 +149,7 @@ def test_chunking(cpus: int, pcie: bool, sizes: list[int]) -> None:
     ]
     # Chunks keep publication order and lose nothing.
     assert pool_device_names(slices) == [d.name for d in inv.devices]
-    assert all(validate_slice(s) == [] for s in slices)
+    assert all(validate_resource_slice(s) == [] for s in slices)
 
 
 def test_slices_are_fresh_objects_each_call() -> None:
@@ -182,7 +182,7 @@ def test_768_cpu_individual_node_publishes_six_valid_slices() -> None:
     inv = build_inventory(topo, INDIVIDUAL)
     slices = build_slices(inv, node_name="big", node_uid="u", expose_pcie_roots=False)
     assert [len(s["spec"]["devices"]) for s in slices] == [128] * 6
-    assert [validate_slice(s) for s in slices] == [[]] * 6
+    assert [validate_resource_slice(s) for s in slices] == [[]] * 6
     assert [s["metadata"]["generateName"] for s in slices] == [
         f"0000{i}-dra.cpu-big-" for i in range(6)
     ]
@@ -203,6 +203,6 @@ def test_768_cpu_individual_node_with_pcie_roots_publishes_twelve_valid_slices()
         build_inventory(topo, settings), node_name="big", node_uid="u", expose_pcie_roots=True
     )
     assert [len(s["spec"]["devices"]) for s in slices] == [64] * 12
-    assert [validate_slice(s) for s in slices] == [[]] * 12
+    assert [validate_resource_slice(s) for s in slices] == [[]] * 12
     first = slices[0]["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/pcieRoot"]
     assert first == {"strings": [f"pci0000:{b}0" for b in "01234567"]}

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import trio
+from builders import pod, resource_claim
 
 from dracpu.sim.node import SimNode, free_port
 
@@ -22,40 +21,13 @@ def dracpu(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_map_of_a_running_daemon() -> None:
-    node = SimNode(workdir=tempfile.mkdtemp(prefix="dmap", dir="/tmp"), node_cpus="0-79")
-    claim: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "four", "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "cpus",
-                        "exactly": {
-                            "deviceClassName": "dra.cpu",
-                            "capacity": {"requests": {"dra.cpu/cpu": "4"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default"},
-        "spec": {
-            "resourceClaims": [{"name": "c", "resourceClaimName": "four"}],
-            "containers": [{"name": "app", "resources": {"claims": [{"name": "c"}]}}],
-        },
-    }
+async def test_map_of_a_running_daemon(short_tmp: str) -> None:
+    node = SimNode(workdir=short_tmp, node_cpus="0-79")
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         daemon = await node.start_daemon(sysfs_root=XEON, extra_args=["--reserved-cpus=79"])
-        await node.create(claim)
-        await node.create(pod)
+        await node.create(resource_claim("four", 4))
+        await node.create(pod("p", "four"))
         with trio.fail_after(30):
             while node.pod_states().get("default/p", {}).get("phase") != "Running":
                 await trio.sleep(0.1)

@@ -12,11 +12,11 @@ CDI specs and kubelet in agreement with the daemon's state: the invariants of th
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import trio
+from builders import pod, resource_claim
 
 from dracpu.cpuset import CPUSet
 from dracpu.sim.chaos import check_invariants, desired_slices, observe_node
@@ -24,36 +24,6 @@ from dracpu.sim.node import SimNode
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 ALL = CPUSet.parse("0-79")
-
-
-def claim(name: str, cpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "cpus",
-                        "exactly": {
-                            "deviceClassName": "dra.cpu",
-                            "capacity": {"requests": {"dra.cpu/cpu": str(cpus)}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod(name: str, claim_name: str | None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "app"}
-    spec: dict[str, Any] = {"containers": [container]}
-    if claim_name:
-        spec["resourceClaims"] = [{"name": "c", "resourceClaimName": claim_name}]
-        container["resources"] = {"claims": [{"name": "c"}]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 async def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:
@@ -95,17 +65,17 @@ async def restart(node: SimNode) -> None:
     await node.start_daemon(sysfs_root=XEON)
 
 
-async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu() -> None:
-    workdir = tempfile.mkdtemp(prefix="drk", dir="/tmp")
+async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu(short_tmp: str) -> None:
+    workdir = short_tmp
     node = SimNode(workdir=workdir, node_cpus="0-79", node_mems="0-1")
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         await node.start_daemon(sysfs_root=XEON)
-        await node.create(pod("plain", None))
+        await node.create(pod("plain"))
         await wait_for(lambda: running(node, "default/plain"), "the plain pod")
 
         # 1. Claim allocated and prepared, its pod running; killed, restarted.
-        await node.create(claim("a", 4))
+        await node.create(resource_claim("a", 4))
         await node.create(pod("pa", "a"))
         await wait_for(lambda: running(node, "default/pa"), "pod pa")
         before = await checked_claims(node)
@@ -114,7 +84,7 @@ async def test_kill9_at_each_step_loses_no_claim_and_doubles_no_cpu() -> None:
         assert await checked_claims(node) == before
 
         # 2. Killed while the kubelet prepares a second claim: the kubelet retries.
-        await node.create(claim("b", 6))
+        await node.create(resource_claim("b", 6))
         await node.create(pod("pb", "b"))
         await trio.sleep(0.05)
         await restart(node)

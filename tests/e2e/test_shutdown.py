@@ -4,7 +4,6 @@ ResourceSlices stay (the kubelet removes them when the plugin is gone)."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from dracpu.sim.node import SimNode
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 
 
-async def test_sigterm_stops_cleanly_and_fast() -> None:
-    node = SimNode(workdir=tempfile.mkdtemp(prefix="dstop", dir="/tmp"), node_cpus="0-79")
+async def test_sigterm_stops_cleanly_and_fast(short_tmp: str) -> None:
+    node = SimNode(workdir=short_tmp, node_cpus="0-79")
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         daemon = await node.start_daemon(sysfs_root=XEON)

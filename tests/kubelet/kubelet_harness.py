@@ -1,25 +1,29 @@
 """A node for the kubelet tests: real topology fixtures, a real store and inventory, claims
-in memory, the plugin on real unix sockets, and grpcio stubs for both DRA API versions."""
+in memory, the plugin on real unix sockets, and grpcio stubs for both DRA API versions.
+
+Claims come from ``builders.claim`` and ``builders.result``; ``claim``, ``result`` and
+``short_dir`` are importable from here too, for the tests that import them with the rest of
+the harness (``tests/hardening``)."""
 
 from __future__ import annotations
 
 import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
 import trio
+from builders import NODE, machine, short_dir
+from builders import claim as claim
+from builders import result as result
 from prometheus_client import CollectorRegistry
 
-from dracpu.allocation.opaque import DeviceConfig
-from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import AllocationStore
-from dracpu.cdi import atomic_write
+from dracpu.atomicfile import atomic_write
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory
 from dracpu.kubelet import (
@@ -34,25 +38,9 @@ from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from dracpu.state import CheckpointFile, NodeState
-from dracpu.topology import discover_from_root
 from dracpu.topology.model import Topology
 
-FAKE_SYSFS = Path(__file__).parent.parent / "fake_sysfs"
-NODE = "node-a"
 VERSIONS: dict[str, ModuleType] = {"v1": dra_v1, "v1beta1": dra_v1beta1}
-
-_topologies: dict[str, Topology] = {}
-
-
-def topology(fixture: str) -> Topology:
-    if fixture not in _topologies:
-        _topologies[fixture] = discover_from_root(FAKE_SYSFS / fixture)
-    return _topologies[fixture]
-
-
-def short_dir(prefix: str = "k.") -> str:
-    """A temp dir short enough for unix socket paths below it."""
-    return tempfile.mkdtemp(dir="/tmp", prefix=prefix)
 
 
 @dataclass
@@ -98,8 +86,9 @@ class Node:
         await nursery.start(checkpoint.run, self.state.claims_changes())
         return checkpoint
 
-    def restart(self, store: AllocationStore | None = None) -> DRAService:
-        """A new service over ``store`` (default: this one), like a restarted daemon."""
+    def restart(self, store: AllocationStore | None = None, **options: Any) -> DRAService:
+        """A new service over ``store`` (default: this one), like a restarted daemon;
+        ``options`` are more ``DRAService`` arguments (``plugin_data_dir=...``)."""
         if store is not None:
             self.state = NodeState(store, metrics=self.metrics)
         self.service = DRAService(
@@ -111,6 +100,7 @@ class Node:
             cdi_dir=self.cdi_dir,
             metrics=self.metrics,
             node_name=NODE,
+            **options,
         )
         return self.service
 
@@ -124,7 +114,7 @@ def make_node(
     reserved: str = "",
     offload_io: bool | None = None,
 ) -> Node:
-    topo = topology(fixture)
+    topo = machine(fixture)
     reserved_set = CPUSet.parse(reserved)
     settings = DeviceSettings(mode=mode, group_by=group_by, reserved=reserved_set)  # type: ignore[arg-type]
     inventory = build_inventory(topo, settings)
@@ -146,44 +136,6 @@ def make_node(
         offload_io=offload_io,
     )
     return Node(topo, inventory, state, metrics, registry, claims, cdi_dir, service, pool)
-
-
-def result(
-    device: str,
-    count: int | str | None = None,
-    *,
-    request: str = "cpus",
-    pool: str = NODE,
-    driver: str = "dra.cpu",
-    share_id: str = "",
-) -> AllocationResult:
-    capacity = {} if count is None else {"dra.cpu/cpu": str(count)}
-    return AllocationResult(
-        request=request,
-        driver=driver,
-        pool=pool,
-        device=device,
-        consumed_capacity=capacity,
-        share_id=share_id,
-    )
-
-
-def claim(
-    uid: str,
-    *results: AllocationResult,
-    name: str | None = None,
-    namespace: str = "default",
-    allocated: bool = True,
-    configs: Sequence[DeviceConfig] = (),
-) -> ClaimAllocation:
-    return ClaimAllocation(
-        uid=uid,
-        namespace=namespace,
-        name=name or f"claim-{uid}",
-        allocated=allocated,
-        results=results,
-        configs=tuple(configs),
-    )
 
 
 # -- the plugin on real sockets ----------------------------------------------------------------
@@ -232,7 +184,7 @@ async def start_plugin(
 async def serving(
     nursery: trio.Nursery, service: DRAService, health: HealthService | None = None
 ) -> AsyncIterator[tuple[Served, grpc.Channel]]:
-    root = short_dir()
+    root = short_dir("k.")
     served = await start_plugin(nursery, root, service, health)
     channel = grpc.insecure_channel("unix:" + served.plugin.dra_socket)
     try:

@@ -3,7 +3,6 @@ client (``ApiClaimSource``), over the DRA socket with grpcio."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,17 +10,16 @@ from typing import Any
 import grpc
 import pytest
 import trio
+from builders import allocation, claim, device_result, resource_claim, result
 from kubelet_harness import (
     NODE,
     Node,
-    claim,
     in_thread,
     make_node,
     prepare_request,
     prepare_stub,
     rpc_error,
     serving,
-    short_dir,
 )
 
 from dracpu.k8s.client import KubeClient
@@ -41,31 +39,19 @@ async def api(
 
 
 @pytest.fixture
-def node(api: tuple[SimAPIServer, KubeClient]) -> Any:
-    node = make_node(short_dir("cdi."))
+def node(api: tuple[SimAPIServer, KubeClient], cdi_dir: str) -> Any:
+    node = make_node(cdi_dir)
     node.claims = ApiClaimSource(api[1], pool=NODE)  # type: ignore[assignment]
     node.restart()
-    yield node
-    shutil.rmtree(node.cdi_dir, ignore_errors=True)
+    return node
 
 
 def create_claim(server: SimAPIServer, name: str, results: list[dict[str, Any]]) -> str:
-    obj = server.create(
-        "resourceclaims",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
-                }
-            },
-        },
-        "default",
-    )
+    obj = server.create("resourceclaims", resource_claim(name), "default")
     server.patch(
         "resourceclaims",
         name,
-        {"status": {"allocation": {"devices": {"results": results}}}},
+        {"status": {"allocation": allocation(*results)}},
         "default",
         subresource="status",
     )
@@ -80,22 +66,10 @@ async def test_prepare_reads_the_claim_from_the_api(
         server,
         "web",
         [
-            {
-                "request": "cpus",
-                "driver": "dra.cpu",
-                "pool": NODE,
-                "device": "cpudevnuma002",
-                "consumedCapacity": {"dra.cpu/cpu": "6"},
-            },
+            device_result("cpudevnuma002", 6),
             # Another node's pool and another driver are not ours to prepare.
-            {
-                "request": "cpus",
-                "driver": "dra.cpu",
-                "pool": "node-b",
-                "device": "cpudevnuma000",
-                "consumedCapacity": {"dra.cpu/cpu": "6"},
-            },
-            {"request": "gpu", "driver": "gpu.example.com", "pool": NODE, "device": "g0"},
+            device_result("cpudevnuma000", 6, pool="node-b"),
+            device_result("g0", request="gpu", driver="gpu.example.com"),
         ],
     )
     async with serving(nursery, node.service) as (_, ch):
@@ -122,8 +96,6 @@ async def test_prepare_reads_the_claim_from_the_api(
 
 
 async def test_memory_source_errors_and_pool_filter() -> None:
-    from kubelet_harness import result
-
     from dracpu.k8s.claims import ClaimNotAllocated, ClaimNotFound, ClaimReplaced
     from dracpu.kubelet import MemoryClaimSource
 

@@ -13,33 +13,25 @@ from typing import Any
 import grpc
 import pytest
 import trio
+from builders import claim, result
 from kubelet_harness import (
     Node,
-    claim,
     in_thread,
     make_node,
     prepare_request,
     prepare_stub,
-    result,
     rpc_error,
     serving,
-    short_dir,
     unprepare_request,
     unprepare_stub,
 )
 
 from dracpu.allocation.checkpoint import decode_checkpoint
 from dracpu.allocation.prepare import ClaimAllocation
-from dracpu.cdi import atomic_write, claim_spec_path, read_claim_specs
+from dracpu.atomicfile import atomic_write
+from dracpu.cdi import claim_spec_path, read_claim_specs
 from dracpu.cpuset import CPUSet
 from dracpu.kubelet import ClaimRef, MemoryClaimSource
-
-
-@pytest.fixture
-def cdi_dir() -> Any:
-    path = short_dir("cdi.")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _prepare_all(channel: grpc.Channel, claims: list[ClaimAllocation]) -> list[Any]:

@@ -4,26 +4,22 @@ official grpcio client, on both DRA API versions (behavior.md §7, §8, §10, §
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
 import trio
+from builders import claim, result
 from kubelet_harness import (
     NODE,
     VERSIONS,
     Node,
-    claim,
     in_thread,
     make_node,
     prepare_request,
     prepare_stub,
-    result,
     rpc_error,
     serving,
-    short_dir,
     unprepare_request,
     unprepare_stub,
 )
@@ -34,13 +30,6 @@ from dracpu.cpuset import CPUSet
 
 UID_A = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
 UID_B = "7a2d3b4f-1c6e-4d2f-8b68-2e3f40516273"
-
-
-@pytest.fixture
-def cdi_dir() -> Any:
-    path = short_dir("cdi.")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,51 +6,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-from kubelet_harness import (
-    NODE,
-    claim,
-    in_thread,
-    make_node,
-    prepare_request,
-    prepare_stub,
-    result,
-    serving,
-    short_dir,
-)
+from builders import claim, result
+from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare_stub, serving
 
 from dracpu.cdi import device_env
-from dracpu.kubelet import ClaimRef, DRAService
+from dracpu.kubelet import ClaimRef
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 
 
 @pytest.fixture
-def dirs() -> Any:
-    cdi_dir, plugin_dir = short_dir("cdi."), short_dir("plug.")
-    yield cdi_dir, plugin_dir
-    shutil.rmtree(cdi_dir, ignore_errors=True)
-    shutil.rmtree(plugin_dir, ignore_errors=True)
-
-
-def with_metadata(node: Any, plugin_dir: str) -> DRAService:
-    node.service = DRAService(
-        claims=node.claims,
-        state=node.state,
-        inventory=node.inventory,
-        topology=node.topology,
-        online=node.topology.online,
-        cdi_dir=node.cdi_dir,
-        metrics=node.metrics,
-        node_name=NODE,
-        plugin_data_dir=plugin_dir,
-    )
-    return node.service
+def dirs(short_tmp: str, cdi_dir: str) -> tuple[str, str]:
+    """The CDI directory and the plugin's data directory."""
+    plugin_dir = os.path.join(short_tmp, "plug")
+    os.mkdir(plugin_dir)
+    return cdi_dir, plugin_dir
 
 
 async def test_prepare_reply_and_files_match_section_20(
@@ -58,7 +32,7 @@ async def test_prepare_reply_and_files_match_section_20(
 ) -> None:
     cdi_dir, plugin_dir = dirs
     node = make_node(cdi_dir)
-    service = with_metadata(node, plugin_dir)
+    service = node.restart(plugin_data_dir=plugin_dir)
     c = claim("uid-1", result("cpudevnuma001", 2), name="my-claim")
     node.claims.put(c)
     async with serving(nursery, service) as (_, ch):
@@ -136,7 +110,7 @@ async def test_sub_requests_share_one_file_and_unprepare_removes_all(
 ) -> None:
     cdi_dir, plugin_dir = dirs
     node = make_node(cdi_dir)
-    service = with_metadata(node, plugin_dir)
+    service = node.restart(plugin_data_dir=plugin_dir)
     c = claim(
         "uid-2",
         result("cpudevnuma000", 1, request="main/a"),
@@ -175,7 +149,7 @@ async def test_metadata_failure_is_only_logged(
     blocked = os.path.join(plugin_dir, "file")
     Path(blocked).write_text("not a directory")
     node = make_node(cdi_dir)
-    service = with_metadata(node, blocked)
+    service = node.restart(plugin_data_dir=blocked)
     node.claims.put(claim("uid-3", result("cpudevnuma000", 1), name="web"))
     ref = ClaimRef(namespace="default", name="web", uid="uid-3")
     with caplog.at_level(logging.WARNING, logger="dracpu.kubelet.metadata"):

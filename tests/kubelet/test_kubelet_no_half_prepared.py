@@ -8,25 +8,19 @@ that window, then let the write fail or succeed.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from typing import Any
 
 import pytest
 import trio
-from kubelet_harness import Node, claim, make_node, result, short_dir
+from builders import claim, nri_container, nri_pod, result
+from kubelet_harness import Node, make_node
 
-from dracpu.cdi import atomic_write, claim_spec_path
+from dracpu.atomicfile import atomic_write
+from dracpu.cdi import claim_spec_path
 from dracpu.kubelet import ClaimRef
 from dracpu.nri.plugin import NRIPlugin, NRIPluginError
 from dracpu.proto.nri import api_pb2
-
-
-@pytest.fixture
-def cdi_dir() -> Any:
-    path = short_dir("cdi.")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class BlockedWrite:
@@ -47,15 +41,9 @@ class BlockedWrite:
 
 
 def holder(uid: str, cpus: str) -> tuple[api_pb2.PodSandbox, api_pb2.Container]:
-    pod = api_pb2.PodSandbox(id="sb-p1", uid="p1", name="p1", namespace="default")
-    container = api_pb2.Container(
-        id="c1",
-        pod_sandbox_id="sb-p1",
-        name="app",
-        env=[f"DRA_CPUSET_{uid}={cpus}"],
-        linux=api_pb2.LinuxContainer(cgroups_path="/kubepods/podp1/c1"),
-    )
-    return pod, container
+    """Pod ``p1`` and its container ``c1``, which holds claim ``uid`` (its CDI env)."""
+    container = nri_container("p1", "c1", f"DRA_CPUSET_{uid}={cpus}", name="app")
+    return nri_pod("p1", name="p1"), container
 
 
 async def prepare_blocked(
@@ -92,7 +80,7 @@ async def test_create_container_during_the_fsync_is_not_pinned_to_rolled_back_cp
     with pytest.raises(NRIPluginError, match='claim "half" is not prepared by this driver'):
         plugin.create_container(pod, container)
     # A shared container created meanwhile is not confined away from CPUs nobody holds.
-    shared = api_pb2.Container(id="s1", pod_sandbox_id="sb-p1", name="side")
+    shared = nri_container("p1", "s1", name="side")
     assert plugin.create_container(pod, shared).cpus == node.store.shared_pool
     assert node.store.shared_pool == node.store.available
 

@@ -8,7 +8,8 @@ import json
 import logging
 from typing import Any
 
-from kubelet_harness import claim, make_node, result, short_dir
+from builders import claim, result
+from kubelet_harness import make_node
 
 from dracpu.kubelet.dra import ClaimRef
 from dracpu.logs import setup_logging
@@ -28,8 +29,8 @@ def _restore(saved: Any) -> None:
     root.setLevel(saved[1])
 
 
-async def test_prepare_and_unprepare_each_carry_one_operation_id() -> None:
-    node = make_node(short_dir())
+async def test_prepare_and_unprepare_each_carry_one_operation_id(cdi_dir: str) -> None:
+    node = make_node(cdi_dir)
     node.claims.put(claim("u1", result("cpudevnuma001", 2)))
     node.claims.put(claim("u2", result("cpudevnuma001", 999)))
     refs = [ClaimRef(namespace="default", name=f"claim-{u}", uid=u) for u in ("u1", "u2")]

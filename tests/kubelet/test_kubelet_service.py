@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-from typing import Any
-
-import pytest
-from kubelet_harness import claim, make_node, result, short_dir
+from builders import claim, result
+from kubelet_harness import make_node
 
 from dracpu.kubelet import ClaimRef
-
-
-@pytest.fixture
-def cdi_dir() -> Any:
-    path = short_dir("cdi.")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_unprepare_releases_the_claim_owner(cdi_dir: str) -> None:

@@ -14,7 +14,9 @@ from dracpu.nri.plugin import EMPTY_SHARED_POOL
 from dracpu.sim.runtime import ContainerCreateError
 
 
-async def test_lifecycle_shared_then_guaranteed_then_restart(short_tmp: str, tmp_path: Path) -> None:
+async def test_lifecycle_shared_then_guaranteed_then_restart(
+    short_tmp: str, tmp_path: Path
+) -> None:
     async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         assert node.session.runtime_name == "dracpu-sim"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from builders import nri_container, nri_pod
 
 from dracpu.allocation.store import AllocationStore, ClaimRecord, ContainerState
 from dracpu.cpuset import CPUSet
@@ -30,14 +31,6 @@ from dracpu.state import NodeState
 def make_plugin() -> tuple[NRIPlugin, ContainerState]:
     state = NodeState(AllocationStore(CPUSet.parse("0-7"), CPUSet()))
     return NRIPlugin(state), state.containers
-
-
-def pod(uid: str) -> api_pb2.PodSandbox:
-    return api_pb2.PodSandbox(id=f"sb-{uid}", uid=uid)
-
-
-def container(pod_uid: str, cid: str, *env: str) -> api_pb2.Container:
-    return api_pb2.Container(id=cid, pod_sandbox_id=f"sb-{pod_uid}", name=cid, env=list(env))
 
 
 class RawRuntime:
@@ -82,8 +75,8 @@ async def raw_runtime(
     sock.close()
 
 
-async def test_configure_and_paged_synchronize_before_register_reply(sock_dir: str) -> None:
-    async with raw_runtime(sock_dir) as (runtime, session, containers):
+async def test_configure_and_paged_synchronize_before_register_reply(short_tmp: str) -> None:
+    async with raw_runtime(short_tmp) as (runtime, session, containers):
         [reg] = runtime.requests
         assert (reg.service, reg.method) == (RUNTIME_SERVICE, "RegisterPlugin")
         body = api_pb2.RegisterPluginRequest.FromString(reg.payload)
@@ -94,12 +87,14 @@ async def test_configure_and_paged_synchronize_before_register_reply(sock_dir: s
         )
         assert reply.events == EVENT_MASK == 0x0608
         first = api_pb2.SynchronizeRequest(
-            pods=[pod("p1")], containers=[container("p1", "c1")], more=True
+            pods=[nri_pod("p1")], containers=[nri_container("p1", "c1")], more=True
         )
         page = api_pb2.SynchronizeResponse.FromString(await runtime.call("Synchronize", first))
         assert page.more and not page.update
         assert not session.is_synchronized
-        last = api_pb2.SynchronizeRequest(pods=[pod("p2")], containers=[container("p2", "c2")])
+        last = api_pb2.SynchronizeRequest(
+            pods=[nri_pod("p2")], containers=[nri_container("p2", "c2")]
+        )
         final = api_pb2.SynchronizeResponse.FromString(await runtime.call("Synchronize", last))
         assert not final.more
         assert [
@@ -130,9 +125,9 @@ async def test_configure_and_paged_synchronize_before_register_reply(sock_dir: s
     ],
 )
 async def test_bad_requests_get_clear_errors_and_the_session_keeps_serving(
-    sock_dir: str, service: str, method: str, payload: bytes, code: int, message: str
+    short_tmp: str, service: str, method: str, payload: bytes, code: int, message: str
 ) -> None:
-    async with raw_runtime(sock_dir) as (runtime, _session, _):
+    async with raw_runtime(short_tmp) as (runtime, _session, _):
         with pytest.raises(CallFailed) as err:
             await runtime.call(method, payload, service=service)
         assert err.value.status.code == code
@@ -141,17 +136,17 @@ async def test_bad_requests_get_clear_errors_and_the_session_keeps_serving(
         assert api_pb2.ConfigureResponse.FromString(reply).events == EVENT_MASK
 
 
-async def test_shutdown_only_logs(sock_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+async def test_shutdown_only_logs(short_tmp: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="dracpu.nri")
-    async with raw_runtime(sock_dir) as (runtime, _session, _):
+    async with raw_runtime(short_tmp) as (runtime, _session, _):
         assert await runtime.call("Shutdown", b"") == b""
     assert "runtime shutting down" in caplog.text
 
 
-async def test_plugin_error_is_an_unknown_status(sock_dir: str) -> None:
-    async with raw_runtime(sock_dir) as (runtime, _session, containers):
+async def test_plugin_error_is_an_unknown_status(short_tmp: str) -> None:
+    async with raw_runtime(short_tmp) as (runtime, _session, containers):
         request = api_pb2.CreateContainerRequest(
-            pod=pod("p1"), container=container("p1", "c1", "DRA_CPUSET_A=1")
+            pod=nri_pod("p1"), container=nri_container("p1", "c1", "DRA_CPUSET_A=1")
         )
         with pytest.raises(CallFailed) as err:
             await runtime.call("CreateContainer", request)
@@ -160,9 +155,9 @@ async def test_plugin_error_is_an_unknown_status(sock_dir: str) -> None:
         assert len(containers) == 0
 
 
-async def test_configure_reply_golden_bytes(sock_dir: str) -> None:
+async def test_configure_reply_golden_bytes(short_tmp: str) -> None:
     """The whole Configure exchange as raw socket bytes (protocols.md 5.5, events 0x608)."""
-    path = os.path.join(sock_dir, "nri.sock")
+    path = os.path.join(short_tmp, "nri.sock")
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(path)
     sock.listen(1)
@@ -270,12 +265,12 @@ async def running_sim(sock_dir: str, tmp_path: Path) -> AsyncIterator[RuntimeSim
 
 
 async def test_plugin_missing_the_2s_deadline_is_dropped(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async def never_answer(peer: MuxPeer, request: RequestReceived, nursery: trio.Nursery) -> None:
         return None
 
-    async with running_sim(sock_dir, tmp_path) as sim, raw_plugin(sim, never_answer) as closed:
+    async with running_sim(short_tmp, tmp_path) as sim, raw_plugin(sim, never_answer) as closed:
         start = trio.current_time()
         cid = await sim.create_container("p1", "app")
         assert trio.current_time() - start == pytest.approx(2.0)
@@ -286,7 +281,7 @@ async def test_plugin_missing_the_2s_deadline_is_dropped(
 
 
 async def test_update_containers_inside_a_request_deadlocks_like_containerd(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     outcome: list[str] = []
 
@@ -300,7 +295,7 @@ async def test_update_containers_inside_a_request_deadlocks_like_containerd(
 
         nursery.start_soon(work)
 
-    async with running_sim(sock_dir, tmp_path) as sim, raw_plugin(sim, update_first) as closed:
+    async with running_sim(short_tmp, tmp_path) as sim, raw_plugin(sim, update_first) as closed:
         start = trio.current_time()
         await sim.create_container("p1", "app")
         assert trio.current_time() - start == pytest.approx(2.0)
@@ -310,9 +305,9 @@ async def test_update_containers_inside_a_request_deadlocks_like_containerd(
 
 
 async def test_plugin_that_never_registers_is_closed(
-    sock_dir: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with running_sim(sock_dir, tmp_path) as sim:
+    async with running_sim(short_tmp, tmp_path) as sim:
         stream = await trio.open_unix_socket(sim.socket_path)
         start = trio.current_time()
         assert await stream.receive_some(100) == b""
@@ -325,14 +320,14 @@ def test_create_container_reply_golden_bytes() -> None:
     """The CreateContainer reply payload, byte for byte (protocols.md 6.8 field numbers)."""
     plugin, _ = make_plugin()
     handlers = PluginHandlers(plugin)
-    shared = api_pb2.CreateContainerRequest(pod=pod("p0"), container=container("p0", "s1"))
+    shared = api_pb2.CreateContainerRequest(pod=nri_pod("p0"), container=nri_container("p0", "s1"))
     assert handlers.handle("CreateContainer", shared.SerializeToString()) == bytes.fromhex(
         # adjust(1) { linux(6) { resources(2) { cpu(2) { cpus(6) = "0-7" } } } }
         "0a0b 3209 1207 1205 3203 302d37".replace(" ", "")
     )
     plugin._state.store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
     guaranteed = api_pb2.CreateContainerRequest(
-        pod=pod("p1"), container=container("p1", "g1", "DRA_CPUSET_A=0-3")
+        pod=nri_pod("p1"), container=nri_container("p1", "g1", "DRA_CPUSET_A=0-3")
     )
     assert handlers.handle("CreateContainer", guaranteed.SerializeToString()) == bytes.fromhex(
         "0a0b 3209 1207 1205 3203 302d33"  # adjust: cpus "0-3"
@@ -345,7 +340,7 @@ def test_create_container_reply_golden_bytes() -> None:
 def test_synchronize_page_reply_golden_bytes() -> None:
     plugin, _ = make_plugin()
     handlers = PluginHandlers(plugin)
-    page = api_pb2.SynchronizeRequest(pods=[pod("p1")], more=True)
+    page = api_pb2.SynchronizeRequest(pods=[nri_pod("p1")], more=True)
     assert handlers.sync_chunk(page.SerializeToString()) is None
     assert bytes.fromhex("1001") == PluginHandlers.MORE  # more(2)
     final = handlers.sync_chunk(b"")
@@ -353,9 +348,9 @@ def test_synchronize_page_reply_golden_bytes() -> None:
     assert handlers.finish_sync(final, {}) == b""  # final chunk, nothing to update
 
 
-async def test_large_reply_is_sent_as_4096_bytes_then_the_rest(sock_dir: str) -> None:
+async def test_large_reply_is_sent_as_4096_bytes_then_the_rest(short_tmp: str) -> None:
     """The Go reader's 4096-byte buffer rule (protocols.md 6.2) on a real Synchronize reply."""
-    path = os.path.join(sock_dir, "nri.sock")
+    path = os.path.join(short_tmp, "nri.sock")
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(path)
     sock.listen(1)
@@ -365,7 +360,7 @@ async def test_large_reply_is_sent_as_4096_bytes_then_the_rest(sock_dir: str) ->
         nursery.start_soon(session.run)
         conn, _ = await sock.accept()
         sync = api_pb2.SynchronizeRequest(
-            pods=[pod("p1")], containers=[container("p1", f"c{i:04d}") for i in range(300)]
+            pods=[nri_pod("p1")], containers=[nri_container("p1", f"c{i:04d}") for i in range(300)]
         )
         client = TTRPCClientConnection()
         client.send_request(PLUGIN_SERVICE, "Synchronize", sync.SerializeToString())

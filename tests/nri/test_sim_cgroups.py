@@ -76,12 +76,12 @@ def test_remove_forgets_and_tolerates_missing(tmp_path: Path) -> None:
     assert tree.read("/kubepods/podA/c1") == "2"
 
 
-async def test_align_memory_sets_mems_over_the_wire(sock_dir: str, tmp_path: Path) -> None:
+async def test_align_memory_sets_mems_over_the_wire(short_tmp: str, tmp_path: Path) -> None:
     def mems_of(cpus: CPUSet) -> str:
         return "0" if cpus <= CPUSet.parse("0-3") else "0-1"
 
     async with sim_node(
-        sock_dir,
+        short_tmp,
         tmp_path / "cg",
         sim_kw={"node_mems": "0-1"},
         mems_of=mems_of,
@@ -94,8 +94,8 @@ async def test_align_memory_sets_mems_over_the_wire(sock_dir: str, tmp_path: Pat
         assert (node.sim.cpuset_of(s), node.sim.mems_of(s)) == ("2-7", "0-1")
 
 
-async def test_synchronize_splits_above_4_mib(sock_dir: str, tmp_path: Path) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+async def test_synchronize_splits_above_4_mib(short_tmp: str, tmp_path: Path) -> None:
+    async with sim_node(short_tmp, tmp_path / "cg", start_session=False) as node:
         big = "X=" + "y" * 400_000
         ids = []
         for p in range(4):
@@ -112,9 +112,9 @@ async def test_synchronize_splits_above_4_mib(sock_dir: str, tmp_path: Path) -> 
 
 
 async def test_wait_synchronized_survives_a_session_that_never_synced(
-    sock_dir: str, tmp_path: Path
+    short_tmp: str, tmp_path: Path
 ) -> None:
-    async with sim_node(sock_dir, tmp_path / "cg", start_session=False) as node:
+    async with sim_node(short_tmp, tmp_path / "cg", start_session=False) as node:
         # The first connection is dropped before it can synchronize.
         node.sim.registration_timeout = 0.0
         node.start_session()

@@ -20,8 +20,8 @@ def test_help_has_an_example() -> None:
     assert "example:" in out
 
 
-def test_listens_and_stops_on_sigint(sock_dir: str, tmp_path: Path) -> None:
-    socket_path = os.path.join(sock_dir, "nri.sock")
+def test_listens_and_stops_on_sigint(short_tmp: str, tmp_path: Path) -> None:
+    socket_path = os.path.join(short_tmp, "nri.sock")
     proc = subprocess.Popen(
         [
             sys.executable,

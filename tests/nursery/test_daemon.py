@@ -3,34 +3,15 @@ it, and the daemon main's exit when a service has to be abandoned."""
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from functools import partial
 
 import pytest
 import trio
 import trio.testing
+from builders import fetch, no_signals
 
 from dracpu.http import HTTPApp, serve_http
 from dracpu.nursery import Service, Supervisor, SupervisorStopping, run_daemon
-
-
-@contextmanager
-def no_signals(*signals: int) -> Iterator[AsyncIterator[int]]:
-    send, receive = trio.open_memory_channel[int](1)
-    with send:
-        yield receive
-
-
-def fetch(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
 
 
 async def test_http_server_under_the_supervisor() -> None:

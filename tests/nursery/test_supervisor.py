@@ -16,6 +16,7 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
+from builders import no_signals
 
 from dracpu.logs import KlogFormatter
 from dracpu.nursery import (
@@ -287,7 +288,7 @@ async def test_critical_failure_stops_everything_with_the_error(
             )
         )
 
-    code = await sup.run_until_signal(startup, signal_receiver=_no_signals)
+    code = await sup.run_until_signal(startup, signal_receiver=no_signals)
     assert code == 1
     assert sup.fatal_error == 'service "nri" failed 4 times in a row: Boom: attempt 3 crashed'
     # 4 runs of 2 s and backoffs of 1, 2, 4 s
@@ -314,7 +315,7 @@ async def test_startup_error_exits_1_and_stops_what_started(
         await s.start(Service(name="http", run=ticker.run))
         raise RuntimeError("driver failed to initialize: no online CPUs")
 
-    code = await sup.run_until_signal(startup, signal_receiver=_no_signals)
+    code = await sup.run_until_signal(startup, signal_receiver=no_signals)
     assert code == 1
     assert sup.fatal_error == "RuntimeError: driver failed to initialize: no online CPUs"
     assert ticker.cancelled
@@ -523,13 +524,6 @@ async def test_crash_marks_the_services_component_not_ready(
 # -- signals -----------------------------------------------------------------------------
 
 
-@contextmanager
-def _no_signals(*signals: int) -> Iterator[AsyncIterator[int]]:
-    send, receive = trio.open_memory_channel[int](1)
-    with send:
-        yield receive
-
-
 class FakeSignals:
     def __init__(self) -> None:
         self.send, self.receive = trio.open_memory_channel[int](10)
@@ -646,7 +640,7 @@ async def test_request_stop_and_outer_cancellation_still_stop_services(
         await s.start(Service(name="http", run=ticker.run))
 
     with trio.move_on_after(7.5):
-        await sup.run_until_signal(startup, signal_receiver=_no_signals)
+        await sup.run_until_signal(startup, signal_receiver=no_signals)
     assert ticker.ticks == 7 and ticker.cancelled
     assert sup.status()["http"].state == "stopped"
 
@@ -656,5 +650,5 @@ async def test_request_stop_and_outer_cancellation_still_stop_services(
         await s.start(Service(name="http", run=forever))
         s.request_stop("demo finished")
 
-    assert await sup2.run_until_signal(startup2, signal_receiver=_no_signals) == 0
+    assert await sup2.run_until_signal(startup2, signal_receiver=no_signals) == 0
     assert sup2.stop_reason == "demo finished"

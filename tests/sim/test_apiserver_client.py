@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 import trio.testing
+from builders import allocation, device_class, device_result, resource_claim
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
@@ -96,6 +97,7 @@ async def test_kubeconfig_and_discovery(sim: Sim) -> None:
         "resourceslices",
         "resourceclaims",
         "resourceclaims/status",
+        "resourceclaimtemplates",
         "deviceclasses",
     ]
 
@@ -187,43 +189,15 @@ async def test_claims_pods_nodes_deviceclasses(sim: Sim) -> None:
     claim = await run(
         sim.resource.create_namespaced_resource_claim,
         "ns1",
-        {
-            "metadata": {"name": "c1"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
-                }
-            },
-        },
+        resource_claim("c1", namespace=None),
     )
     assert claim.metadata.namespace == "ns1"
-    status = {
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "cpus",
-                            "driver": "dra.cpu",
-                            "pool": "node-a",
-                            "device": "cpudev000",
-                        }
-                    ]
-                }
-            }
-        }
-    }
+    status = {"status": {"allocation": allocation(device_result("cpudev000"))}}
     patched = await run(sim.resource.patch_namespaced_resource_claim_status, "c1", "ns1", status)
     assert patched.status.allocation.devices.results[0].device == "cpudev000"
     listed = await run(sim.resource.list_resource_claim_for_all_namespaces)
     assert [c.metadata.name for c in listed.items] == ["c1"]
-    await run(
-        sim.resource.create_device_class,
-        {
-            "metadata": {"name": "dra.cpu"},
-            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.cpu"'}}]},
-        },
-    )
+    await run(sim.resource.create_device_class, device_class())
     dc = await run(sim.resource.read_device_class, "dra.cpu")
     assert dc.spec.selectors[0].cel.expression == 'device.driver == "dra.cpu"'
     node = await run(sim.core.create_node, {"metadata": {"name": "node-a"}})

@@ -13,10 +13,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import builders
 import pytest
 import trio
 import trio.testing
 import urllib3
+from builders import allocation, device_result, resource_claim
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
@@ -51,24 +53,14 @@ async def sim(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Sim]:
     sim.api_client.close()
 
 
-def pod(name: str, node: str | None = None, claim: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "pause"}]}
-    if node:
-        spec["nodeName"] = node
-    if claim:
-        spec["resourceClaims"] = [{"name": "cpus", "resourceClaimName": claim}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+def pod(name: str, node: str | None = None) -> dict[str, Any]:
+    """A pod whose namespace the create call names."""
+    return builders.pod(name, namespace=None, node=node, container={"name": "c", "image": "pause"})
 
 
 def claim(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {"requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]}
-        },
-    }
+    """A claim whose namespace the create call names."""
+    return resource_claim(name, namespace=None)
 
 
 def status_of(exc: ApiException) -> dict[str, Any]:
@@ -338,18 +330,7 @@ async def test_claims_list_and_watch_all_namespaces_and_one(sim: Sim) -> None:
     ]
 
 
-ALLOCATION = {
-    "devices": {
-        "results": [
-            {"request": "cpus", "driver": "dra.cpu", "pool": "node-a", "device": "cpudev000"}
-        ]
-    },
-    "nodeSelector": {
-        "nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}
-        ]
-    },
-}
+ALLOCATION = allocation(device_result("cpudev000"), node="node-a")
 
 
 async def test_claim_status_update_and_patch_by_a_scheduler(sim: Sim) -> None:

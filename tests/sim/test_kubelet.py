@@ -5,28 +5,30 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 import trio
 import trio.testing
-from test_kubelet_harness import DRIVER, FakePlugin, remove_root, short_root
+from builders import DRIVER, NODE, allocation, device_result, resource_claim
+from test_kubelet_harness import FakePlugin
 
 from dracpu.k8s.client import KubeClient
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import Backoff, MemoryRuntime, SimKubelet
 from dracpu.sim.kubelet.runtime import ContainerRuntimeError
 
-NODE = "node-a"
+# The container of the pods that name none: ``main``, with one environment variable.
+MAIN = {"name": "main", "image": "busybox", "env": [{"name": "GREETING", "value": "hi"}]}
 
 
 @pytest.fixture
-def root() -> Iterator[str]:
-    path = short_root()
-    yield path
-    remove_root(path)
+def root(short_tmp: str) -> str:
+    """The kubelet root: the test's short temp dir (the plugins' sockets go below it)."""
+    return short_tmp
 
 
 class Node:
@@ -48,47 +50,13 @@ class Node:
         return plugin.start(dra=dra)
 
     def claim(self, name: str) -> dict[str, Any]:
-        return self.server.create(
-            "resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}]
-                    }
-                },
-            },
-        )
+        return self.server.create("resourceclaims", resource_claim(name))
 
     def allocate(self, claim: dict[str, Any], *pods: dict[str, Any]) -> dict[str, Any]:
         """What the scheduler would write: one result on this node, reserved for ``pods``."""
         claim = self.server.get("resourceclaims", claim["metadata"]["name"], "default")
         claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "cpus",
-                            "driver": DRIVER,
-                            "pool": NODE,
-                            "device": "cpudevnuma000",
-                            "shareID": "s-1",
-                            "consumedCapacity": {"dra.cpu/cpu": "4"},
-                        }
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchFields": [
-                                {"key": "metadata.name", "operator": "In", "values": [NODE]}
-                            ]
-                        }
-                    ]
-                },
-            },
+            "allocation": allocation(device_result("cpudevnuma000", 4, share_id="s-1"), node=NODE),
             "reservedFor": [
                 {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
                 for p in pods
@@ -99,31 +67,12 @@ class Node:
     def pod(
         self, name: str, *claims: str, containers: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "nodeName": NODE,
-            "containers": containers
-            or [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "env": [{"name": "GREETING", "value": "hi"}],
-                    "resources": {"claims": [{"name": f"rc{i}"} for i in range(len(claims))]},
-                }
-            ],
-        }
-        if claims:
-            spec["resourceClaims"] = [
-                {"name": f"rc{i}", "resourceClaimName": c} for i, c in enumerate(claims)
-            ]
-        return self.server.create(
-            "pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": spec,
-            },
-        )
+        """A pod bound to this node; its one container ``main`` uses every claim, unless
+        ``containers`` replaces it."""
+        body = builders.pod(name, *claims, node=NODE, container=MAIN)
+        if containers is not None:
+            body["spec"]["containers"] = containers
+        return self.server.create("pods", body)
 
     def pod_with_claim(self, pod: str, claim: str) -> tuple[dict[str, Any], dict[str, Any]]:
         c = self.claim(claim)

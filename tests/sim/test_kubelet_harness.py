@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,21 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from builders import DRIVER
 
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
-
-DRIVER = "dra.cpu"
-
-
-def short_root() -> str:
-    """A kubelet root short enough for unix socket paths."""
-    return tempfile.mkdtemp(prefix="kl", dir="/tmp")
-
-
-def remove_root(root: str) -> None:
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def write_cdi_spec(cdi_dir: str, claim_uid: str, cpus: str) -> str:

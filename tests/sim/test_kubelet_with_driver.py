@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import builders
 import pytest
 import trio
+from builders import NODE, device_class, machine, resource_claim
 from prometheus_client import CollectorRegistry
-from test_kubelet_harness import remove_root, short_root
 
 from dracpu.allocation.store import AllocationStore
 from dracpu.cpuset import CPUSet
@@ -24,10 +25,6 @@ from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import MemoryRuntime, SimKubelet
 from dracpu.sim.scheduler import Scheduler
 from dracpu.state import NodeState
-from dracpu.topology import discover_from_root
-
-FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
-NODE = "node-a"
 
 
 @dataclass
@@ -40,60 +37,21 @@ class World:
     runtime: MemoryRuntime
 
     def claim(self, name: str, cpus: int) -> dict[str, object]:
-        return self.server.create(
-            "resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "cpus",
-                                "exactly": {
-                                    "deviceClassName": "dra.cpu",
-                                    "capacity": {"requests": {"dra.cpu/cpu": str(cpus)}},
-                                },
-                            }
-                        ]
-                    }
-                },
-            },
-        )
+        return self.server.create("resourceclaims", resource_claim(name, cpus))
 
     def pod(self, name: str, claim: str) -> dict[str, object]:
-        return self.server.create(
-            "pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "resourceClaims": [{"name": "cpus", "resourceClaimName": claim}],
-                    "containers": [{"name": "app", "resources": {"claims": [{"name": "cpus"}]}}],
-                },
-            },
-        )
+        return self.server.create("pods", builders.pod(name, claim))
 
 
 @pytest.fixture
-async def world(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[World]:
-    root = short_root()
+async def world(nursery: trio.Nursery, tmp_path: Path, short_tmp: str) -> AsyncIterator[World]:
+    root = short_tmp
     server = SimAPIServer(seed=5)
     await nursery.start(server.serve)
     api = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-    topo = discover_from_root(FIXTURES / "epyc-nps4")  # 4 NUMA nodes of 32 CPUs
+    topo = machine("epyc-nps4")  # 4 NUMA nodes of 32 CPUs
     inventory = build_inventory(topo, DeviceSettings())
-    server.create(
-        "deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "dra.cpu"},
-            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.cpu"'}}]},
-        },
-    )
+    server.create("deviceclasses", device_class())
     for obj in build_slices(inventory, node_name=NODE, node_uid="u", expose_pcie_roots=False):
         server.create("resourceslices", obj)
     store = AllocationStore(topo.all_cpus, CPUSet())
@@ -123,7 +81,6 @@ async def world(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[World]:
     yield world
     scope.cancel()
     api.close()
-    remove_root(root)
 
 
 async def run_plugin(

@@ -6,30 +6,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import NODE, device_class, machine, resource_claim
+from builders import claim_request as request
 
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
 from dracpu.sim.scheduler import AllocatedDevices, UnsatisfiableClaim, allocate, node_selector
-from dracpu.topology import discover_from_root
 
-FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
-NODE = "node-a"
-CLASSES: dict[str, Any] = {
-    "dra.cpu": {
-        "metadata": {"name": "dra.cpu"},
-        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.cpu"'}}]},
-    }
-}
+CLASSES: dict[str, Any] = {"dra.cpu": device_class()}
 NUMA = 'device.attributes["resource.kubernetes.io"].numaNode'
 SOCKET = 'device.attributes["dra.cpu"].socketID'
 
 
 @cache
 def inventory(fixture: str, mode: str = "grouped") -> DeviceInventory:
-    return build_inventory(discover_from_root(FIXTURES / fixture), DeviceSettings(mode=mode))  # type: ignore[arg-type]
+    return build_inventory(machine(fixture), DeviceSettings(mode=mode))  # type: ignore[arg-type]
 
 
 def slices(fixture: str, mode: str = "grouped", node: str = NODE) -> list[dict[str, Any]]:
@@ -46,24 +39,14 @@ def share_ids() -> Callable[[], str]:
     return lambda: f"share-{next(counter)}"
 
 
-def request(name: str = "cpus", **exactly: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"deviceClassName": "dra.cpu"}
-    if "cpus" in exactly:
-        body["capacity"] = {"requests": {"dra.cpu/cpu": str(exactly.pop("cpus"))}}
-    if "selector" in exactly:
-        body["selectors"] = [{"cel": {"expression": exactly.pop("selector")}}]
-    body.update(exactly)
-    return {"name": name, "exactly": body}
-
-
 def claim(
     *requests: dict[str, Any], name: str = "c1", constraints: list[Any] | None = None, **extra: Any
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": list(requests) or [request()]}
+    """Claim ``c1`` with these requests (default: one ``cpus`` request), ``constraints``
+    and more ``spec.devices`` fields."""
     if constraints:
-        devices["constraints"] = constraints
-    devices.update(extra)
-    return {"metadata": {"namespace": "default", "name": name}, "spec": {"devices": devices}}
+        extra["constraints"] = constraints
+    return resource_claim(name, requests=requests, **extra)
 
 
 def run(

@@ -8,17 +8,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 import trio
+from builders import NODE, claim_request, device_class, machine, resource_claim
 
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.scheduler import ScheduleOutcome, Scheduler
-from dracpu.topology import discover_from_root
-
-FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
-NODE = "node-a"
 
 
 class Cluster:
@@ -29,37 +27,13 @@ class Cluster:
         self.scheduler = Scheduler(api, NODE, new_share_id=lambda: f"share-{next(ids)}")
 
     def claim(self, name: str, cpus: int | None = None, **exactly: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"deviceClassName": "dra.cpu", **exactly}
-        if cpus is not None:
-            body["capacity"] = {"requests": {"dra.cpu/cpu": str(cpus)}}
-        return self.server.create(
-            "resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"devices": {"requests": [{"name": "cpus", "exactly": body}]}},
-            },
-        )
+        request = claim_request(cpus=cpus, **exactly)
+        return self.server.create("resourceclaims", resource_claim(name, requests=[request]))
 
     def pod(self, name: str, *claims: str, template: str | None = None) -> dict[str, Any]:
-        resource_claims: list[dict[str, Any]] = [
-            {"name": f"rc{i}", "resourceClaimName": c} for i, c in enumerate(claims)
-        ]
-        if template:
-            resource_claims.append({"name": "tpl", "resourceClaimTemplateName": template})
-        spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-        if resource_claims:
-            spec["resourceClaims"] = resource_claims
-        return self.server.create(
-            "pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": spec,
-            },
-        )
+        container = {"name": "main", "image": "busybox"}
+        body = builders.pod(name, *claims, container=container, template=template)
+        return self.server.create("pods", body)
 
     def get(self, plural: str, name: str) -> dict[str, Any]:
         return self.server.get(plural, name, "default")
@@ -70,16 +44,8 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cluste
     server = SimAPIServer(seed=1)
     await nursery.start(server.serve)
     api = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-    server.create(
-        "deviceclasses",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "dra.cpu"},
-            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.cpu"'}}]},
-        },
-    )
-    topo = discover_from_root(FIXTURES / "xeon-2s-ht")  # two NUMA devices of 40 CPUs
+    server.create("deviceclasses", device_class())
+    topo = machine("xeon-2s-ht")  # two NUMA devices of 40 CPUs
     for obj in build_slices(
         build_inventory(topo, DeviceSettings()),
         node_name=NODE,
@@ -262,9 +228,8 @@ async def test_missing_claim_and_template_claims_are_reported(cluster: Cluster) 
         ),
         (
             "default/templated",
-            "pod default/templated: pod claim 'tpl' uses resourceClaimTemplateName "
-            "'cpu-template', and no ResourceClaim was created from it (the simulated node "
-            "has no resourceclaim controller; create the claim and use resourceClaimName)",
+            "pod default/templated: pod claim 'tpl': resourceclaimtemplate "
+            '"default/cpu-template" not found',
         ),
     ]
     # Created later: the next round schedules the pod.

@@ -14,7 +14,7 @@ import trio.testing
 from dracpu.allocation.checkpoint import decode_checkpoint
 from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, PreparedDevice
-from dracpu.cdi import atomic_write
+from dracpu.atomicfile import atomic_write
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent, SharedPoolChanged
 from dracpu.nri.pusher import PoolPusher

@@ -108,6 +108,9 @@ class AllocationStore:
         # Isolated CPUs (isolcpus=) can be claimed, but the kernel does not balance load
         # onto them: no shared container ever runs there.
         self._isolated = (isolated or CPUSet()) & self._available
+        # Present CPUs the kernel has offline now (hotplug): claims keep them, nothing new
+        # gets them, no shared container runs there.
+        self._offline = CPUSet()
         self._claims: dict[str, ClaimRecord] = {}
         self._prepared = CPUSet()
         self._pending: dict[str, ClaimRecord] = {}
@@ -136,13 +139,25 @@ class AllocationStore:
         return self._isolated
 
     @property
+    def offline(self) -> CPUSet:
+        return self._offline
+
+    def set_offline(self, cpus: CPUSet) -> bool:
+        """The allocatable CPUs that are offline now; True when that changed."""
+        cpus &= self._available
+        changed = cpus != self._offline
+        self._offline = cpus
+        return changed
+
+    @property
     def shared_pool(self) -> CPUSet:
-        return self._available - self._prepared - self._isolated
+        return self._available - self._prepared - self._isolated - self._offline
 
     @property
     def free(self) -> CPUSet:
-        """CPUs a new reservation may take: unclaimed, not pending (isolated included)."""
-        return self._available - self._prepared - self._pending_cpus
+        """CPUs a new reservation may take: unclaimed, not pending, online (isolated
+        included)."""
+        return self._available - self._prepared - self._pending_cpus - self._offline
 
     def get(self, claim_uid: str) -> ClaimRecord | None:
         return self._claims.get(claim_uid)
@@ -170,7 +185,7 @@ class AllocationStore:
     def snapshot(self) -> StoreSnapshot:
         return StoreSnapshot(
             allocated=len(self._prepared),
-            available=len(self._available - self._prepared),
+            available=len(self._available - self._prepared - self._offline),
             reserved=len(self._reserved),
             active=len(self._claims),
         )

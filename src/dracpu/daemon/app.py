@@ -30,6 +30,7 @@ from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse_reserved_cpus
 from dracpu.cpuset import CPUSet
+from dracpu.daemon.hotplug import HotplugWatcher
 from dracpu.daemon.recovery import RecoveryPlan
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
 from dracpu.http.address import parse_bind_address
@@ -86,6 +87,7 @@ class Daemon:
         registry: CollectorRegistry | None = None,
         drift_interval: float = 10.0,
         slice_resync: float = 30.0,
+        hotplug_interval: float = 2.0,
     ) -> None:
         self.config = config
         self.kube = kube
@@ -107,6 +109,9 @@ class Daemon:
         self.writer: CgroupWriter | None = None
         self.watcher: DriftWatcher | None = None
         self.slices: SliceReconciler | None = None
+        self.node_uid = ""
+        self.hotplug_interval = hotplug_interval
+        self.hotplug: HotplugWatcher | None = None
         self.nothing_to_publish = False
         self.http_port: int | None = None
         self.debug_port: int | None = None
@@ -198,6 +203,39 @@ class Daemon:
         when ``publishIsolatedCPUs`` is off."""
         return reserved if self.config.publishIsolatedCPUs else reserved | topo.isolated
 
+    def _device_settings(self, topo: Topology, reserved: CPUSet) -> DeviceSettings:
+        cfg = self.config
+        return DeviceSettings(
+            mode=cfg.cpuDeviceMode,  # type: ignore[arg-type]
+            group_by=cfg.groupBy,  # type: ignore[arg-type]
+            reserved=self._unpublished(topo, reserved),
+            expose_pcie_roots=cfg.exposePCIeRoots,
+            publish_node_allocatable=cfg.publishNodeAllocatableResourceMapping,
+        )
+
+    def apply_topology(self, topo: Topology) -> None:
+        """The topology after CPU hotplug (daemon/hotplug.py): devices, slices, what the
+        DRA service plans with, and the offline CPUs for the state owner. No await."""
+        assert self.state is not None
+        reserved = parse_reserved_cpus(self.config)
+        inventory = build_inventory(topo, self._device_settings(topo, reserved))
+        self.topology, self.inventory = topo, inventory
+        self.state.set_offline(topo.present - topo.online)
+        if self.kubelet is not None:
+            dra = self.kubelet.dra
+            dra.inventory, dra.topology, dra.online = inventory, topo, topo.online
+        if self.slices is not None and self.node_uid:
+            self.slices.set_desired(self._desired_slices())
+
+    def _desired_slices(self) -> list[dict[str, Any]]:
+        assert self.inventory is not None
+        return build_slices(
+            self.inventory,
+            node_name=self.node_name,
+            node_uid=self.node_uid,
+            expose_pcie_roots=self.config.exposePCIeRoots,
+        )
+
     def _build_node(self) -> None:
         """Topology, devices and the allocation store (blocking: reads sysfs)."""
         cfg = self.config
@@ -208,23 +246,19 @@ class Daemon:
                 overlay=cfg.sysfsOverlay or None,
                 expose_pcie_roots=cfg.exposePCIeRoots,
             )
-            settings = DeviceSettings(
-                mode=cfg.cpuDeviceMode,  # type: ignore[arg-type]
-                group_by=cfg.groupBy,  # type: ignore[arg-type]
-                reserved=self._unpublished(topo, reserved),
-                expose_pcie_roots=cfg.exposePCIeRoots,
-                publish_node_allocatable=cfg.publishNodeAllocatableResourceMapping,
-            )
-            inventory = build_inventory(topo, settings)
+            inventory = build_inventory(topo, self._device_settings(topo, reserved))
         except Exception as exc:
             raise DaemonError(f"driver failed to initialize: {exc}") from exc
         if not topo.cpus:
             raise DaemonError("driver failed to initialize: no CPU topology discovered")
         self.topology = topo
         self.inventory = inventory
-        store = AllocationStore(
-            topo.all_cpus - self._unpublished(topo, reserved), reserved, isolated=topo.isolated
+        # Present CPUs that are offline stay allocatable (a restored claim keeps them; they
+        # are offline for the state owner until they come back).
+        allocatable = (topo.all_cpus | (topo.present - topo.online)) - self._unpublished(
+            topo, reserved
         )
+        store = AllocationStore(allocatable, reserved, isolated=topo.isolated)
 
         def mems_of(cpus: CPUSet) -> str:
             return CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
@@ -248,9 +282,11 @@ class Daemon:
         )
 
     def _restore(self) -> None:
-        assert self.checkpoint is not None
+        assert self.checkpoint is not None and self.state is not None
+        assert self.topology is not None
         try:
             self.recovery = self.checkpoint.restore(self.config.cdiDir)
+            self.state.set_offline(self.topology.present - self.topology.online)
         except Exception as exc:
             raise DaemonError(f"driver failed to restore its state: {exc}") from exc
 
@@ -292,6 +328,8 @@ class Daemon:
                 err=problem,
             )
         assert self.verifier is not None
+        self.hotplug = HotplugWatcher(self, interval=self.hotplug_interval)
+        self.hotplug.report_health()  # claims restored with offline CPUs
         pusher = PoolPusher(
             self.state.pool_changes(),
             self.plugin,
@@ -309,6 +347,7 @@ class Daemon:
             Service(name="drift", run=self.watcher.run),
             Service(name="verify", run=partial(self.verifier.run, self._verify_recv)),
             Service(name="pool", run=pusher.run),
+            Service(name="hotplug", run=self.hotplug.run),
         ]
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
@@ -401,12 +440,8 @@ class Daemon:
                         failures, initial=0.5, factor=2.0, cap=30.0, jitter=0.5, rand=random.random
                     )
                 )
-        desired = build_slices(
-            self.inventory,
-            node_name=self.node_name,
-            node_uid=node_uid,
-            expose_pcie_roots=self.config.exposePCIeRoots,
-        )
+        self.node_uid = node_uid
+        desired = self._desired_slices()
         if not desired:
             # As upstream: no devices, nothing published, and slices left by an earlier
             # run stay (a reconciler with nothing desired would delete them).

@@ -1,9 +1,10 @@
 """The device health stream, ``NodeWatchResources`` (behavior.md §14; protocols.md §3.4).
 
-Served on both health packages (``v1`` and ``v1alpha1``). Every published device is always
-reported ``HEALTHY``; a stream gets the full report as soon as it opens, again whenever the
-device list changes, and every ``interval`` seconds from ``run()``'s loop so the kubelet
-never marks a device Unknown. Each subscriber has a queue of ``queue_size`` reports; when a
+Served on both health packages (``v1`` and ``v1alpha1``). A device is ``HEALTHY`` unless the
+daemon marked it otherwise (a claim on it holds a CPU taken offline); a stream gets the
+full report as soon as it opens, again whenever the device list or a device's health
+changes, and every ``interval`` seconds from ``run()``'s loop so the kubelet never marks a
+device Unknown. Each subscriber has a queue of ``queue_size`` reports; when a
 slow subscriber's queue is full the report is dropped for it. When ``run()`` ends every
 stream ends with status OK.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -40,6 +41,7 @@ class HealthReport(msgspec.Struct, frozen=True, kw_only=True):
     pool_name: str
     devices: tuple[str, ...]
     timestamp: int
+    unhealthy: tuple[tuple[str, str], ...] = ()  # (device, why), sorted
 
 
 class HealthService:
@@ -59,6 +61,7 @@ class HealthService:
         self.queue_size = queue_size
         self._wall_clock = wall_clock
         self._devices = tuple(devices)
+        self._unhealthy: dict[str, str] = {}
         self._subscribers: set[trio.MemorySendChannel[HealthReport]] = set()
         self._closed = False
         self.dropped = 0  # reports not queued because a subscriber's queue was full
@@ -76,14 +79,18 @@ class HealthService:
             pool_name=self.node_name,
             devices=self._devices,
             timestamp=int(self._wall_clock()),
+            unhealthy=tuple(sorted(self._unhealthy.items())),
         )
 
-    def set_devices(self, names: Iterable[str]) -> None:
-        """Replace the device list; changed lists go out to every stream at once."""
+    def set_devices(self, names: Iterable[str], unhealthy: Mapping[str, str] | None = None) -> None:
+        """Replace the device list and which of them are unhealthy (device -> why); a
+        change goes out to every stream at once."""
         names = tuple(names)
-        if names == self._devices:
+        marks = dict(unhealthy or {})
+        if names == self._devices and marks == self._unhealthy:
             return
         self._devices = names
+        self._unhealthy = marks
         self.publish()
 
     def publish(self) -> None:
@@ -137,14 +144,15 @@ class HealthService:
 
 
 def _message(pb: Any, report: HealthReport) -> Any:
+    unhealthy = dict(report.unhealthy)
     return pb.NodeWatchResourcesResponse(
         devices=[
             pb.DeviceHealth(
                 device=pb.DeviceIdentifier(pool_name=report.pool_name, device_name=name),
-                health=pb.HEALTHY,
+                health=pb.UNHEALTHY if name in unhealthy else pb.HEALTHY,
                 last_updated_time=report.timestamp,
                 health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_SECONDS,
-                message=HEALTHY_MESSAGE,
+                message=unhealthy.get(name, HEALTHY_MESSAGE),
             )
             for name in report.devices
         ]

@@ -218,6 +218,13 @@ class NodeState:
     def abort_unprepare(self, claim_uid: str) -> None:
         self.store.cancel_release(claim_uid)
 
+    def set_offline(self, cpus: CPUSet) -> None:
+        """CPU hotplug: the allocatable CPUs offline now. Claims keep theirs; the shared
+        pool loses (or gets back) the rest."""
+        if self.store.set_offline(cpus):
+            self.refresh_gauges()
+            self._publish_pool()
+
     def restore(self, records: Sequence[ClaimRecord]) -> None:
         """Start-up: claims from the checkpoint or the CDI specs (already checked)."""
         for record in records:

@@ -73,9 +73,10 @@ def read_online(reader: SysfsReader) -> CPUSet:
 
 
 def read_kernel_cpu_list(reader: SysfsReader, name: str) -> CPUSet:
-    """``isolated`` or ``nohz_full``: the CPUs the kernel keeps away from its scheduler's
-    load balancing (``isolcpus=``) or from its tick (``nohz_full=``). A missing file, an
-    empty one and ``(null)`` (nohz_full on a kernel booted without it) mean none.
+    """``isolated``, ``nohz_full`` or ``present``: the CPUs the kernel keeps away from its
+    scheduler's load balancing (``isolcpus=``), from its tick (``nohz_full=``), or that
+    exist at all (online or not). A missing file, an empty one and ``(null)`` (nohz_full on
+    a kernel booted without it) mean none.
     Raises ``TopologyError`` naming the file when the list cannot be parsed."""
     rel = f"{_CPU}/{name}"
     if not reader.exists(rel):
@@ -348,6 +349,7 @@ def discover_topology(
         pcie_roots=roots,
         isolated=read_kernel_cpu_list(reader, "isolated") & kept_cpus,
         nohz_full=read_kernel_cpu_list(reader, "nohz_full") & kept_cpus,
+        present=read_kernel_cpu_list(reader, "present") | online,
     )
 
 

@@ -68,6 +68,9 @@ class Topology:
     # (nohz_full=); never in the shared pool.
     isolated: CPUSet = field(default_factory=CPUSet)
     nohz_full: CPUSet = field(default_factory=CPUSet)
+    # CPUs that exist, online or not (``present``); a hotplugged-off CPU is here but not
+    # in ``online``.
+    present: CPUSet = field(default_factory=CPUSet)
 
     # -- sets ---------------------------------------------------------------------------
     @cached_property
