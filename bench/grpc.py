@@ -8,6 +8,12 @@ time sends them (prepare/unprepare are serialized, so with N in flight a call al
 for the N-1 before it); throughput with 16 clients in flight. Runs alternate A/B;
 latencies are pooled over the runs of a server, calls/s and the ratio are medians
 (protocols.md §1.13).
+
+`unprepare_p50_ms_conc64` and `pairs_rps_conc64` measure a node drain: 64 claims prepared
+and unprepared at once, 5 pairs each, on dracpu's server with the daemon's whole file work
+(specs on tmpfs, the checkpoint fsynced on disk by the checkpoint writer, whose queued
+changes share one write). grpclib has no counterpart here: the checkpoint writer is a Trio
+task.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ PAIRS = 4
 SERVERS = ("trio", "grpclib")
 NODE = "node-a"
 SPEC_TMPFS = "/dev/shm"
+CONCURRENCY = 64  # claims prepared and unprepared at once (a node drain)
+CONC_ROUNDS = 5
 
 
 def _claims() -> list[Any]:
@@ -112,14 +120,40 @@ class _AsyncioSerial:
 
         return fn(*args) if inline else await asyncio.to_thread(fn, *args)
 
-    def shielded(self) -> Any:
-        import contextlib
+    def commit_scope(self) -> Any:
+        # asyncio has no shield for a block; the comparison never cancels a call.
+        import types
 
-        return contextlib.nullcontext()
+        class _Scope(types.SimpleNamespace):
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+        return _Scope(shield=False)
+
+
+async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
+    """The daemon's file work: CDI specs on tmpfs and the checkpoint, fsynced, on disk."""
+    import trio
+
+    from dracpu.grpc import serve_unix
+    from dracpu.state import CheckpointFile
+
+    service = _service(cdi_dir)
+    checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(checkpoint.run, service.state.claims_changes())
+        await serve_unix(path, service.grpc_handlers())
 
 
 def _serve(kind: str, path: str, cdi_dir: str) -> None:
-    if kind == "trio":
+    if kind == "durable":
+        import trio
+
+        trio.run(_serve_durable, path, cdi_dir, os.path.dirname(path) + "/state")
+    elif kind == "trio":
         import trio
 
         from dracpu.grpc import serve_unix
@@ -228,6 +262,71 @@ def _run_once(kind: str) -> tuple[float, float, list[float]]:
         shutil.rmtree(cdi_parent, ignore_errors=True)
 
 
+def _pairs(
+    channel: Any, c: Any, unprepares: list[float], done: list[int], errors: list[str]
+) -> None:
+    from dracpu.proto.dra.v1 import api_pb2 as pb
+
+    prepare = channel.unary_unary(
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+    )
+    unprepare = channel.unary_unary(
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+    )
+    ref = pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name)
+    for _ in range(CONC_ROUNDS):
+        reply = prepare(pb.NodePrepareResourcesRequest(claims=[ref]), timeout=60)
+        if reply.claims[c.uid].error:
+            errors.append(reply.claims[c.uid].error)
+        t0 = time.perf_counter()
+        unprepare(pb.NodeUnprepareResourcesRequest(claims=[ref]), timeout=60)
+        unprepares.append(time.perf_counter() - t0)
+        done.append(1)
+
+
+def _run_concurrent() -> tuple[float, float]:
+    """64 claims prepared and unprepared at once, as in a node drain, with the daemon's
+    file work (spec on tmpfs, checkpoint fsynced on disk): unprepare p50 and pairs/s."""
+    import grpc
+
+    work = tempfile.mkdtemp(dir="/tmp", prefix="bench.")
+    cdi_parent = tempfile.mkdtemp(dir=SPEC_TMPFS if os.path.isdir(SPEC_TMPFS) else None)
+    path, cdi_dir = work + "/s.sock", cdi_parent + "/cdi"
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", "durable", path, cdi_dir])
+    try:
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        channel = grpc.insecure_channel("unix:" + path)
+        grpc.channel_ready_future(channel).result(timeout=10)
+        claims = _claims()[:CONCURRENCY]
+        unprepares: list[float] = []
+        done: list[int] = []
+        errors: list[str] = []
+        threads = [
+            threading.Thread(target=_pairs, args=(channel, c, unprepares, done, errors))
+            for c in claims
+        ]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        channel.close()
+        if errors:
+            raise SystemExit(f"durable: prepare failed: {errors[0]}")
+        return _quantile(unprepares, 0.50) * 1e3, len(done) / elapsed
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(cdi_parent, ignore_errors=True)
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -261,6 +360,9 @@ def main() -> None:
     print(f"grpclib_prepare_p99_ms: {p99:.2f} ms")
     print(f"grpclib_prepare_rps: {rps:.0f} calls/s")
     print(f"grpclib_prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
+    unprepare_p50, pairs_rps = _run_concurrent()
+    print(f"unprepare_p50_ms_conc64: {unprepare_p50:.2f} ms")
+    print(f"pairs_rps_conc64: {pairs_rps:.0f} pairs/s")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ class Serializer:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
-    def shielded(self) -> trio.CancelScope:
-        """Keep a commit section from being torn by cancellation."""
-        return trio.CancelScope(shield=True)
+    def commit_scope(self) -> trio.CancelScope:
+        """A scope the caller shields (``scope.shield = True``) once its commit section
+        starts, so a cancellation before that changes nothing and one after it cannot tear
+        the section."""
+        return trio.CancelScope()

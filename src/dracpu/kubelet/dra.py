@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
+import trio
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
@@ -190,38 +191,27 @@ class DRAService:
         with operation("preparing resource claims", v=4, claims=len(claims)):
             allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
             results: dict[str, ClaimPrepareResult] = {}
-            async with self._serial.lock():
-                for ref, claim in zip(claims, allocations, strict=True):
-                    started = time.perf_counter()
-                    result = await self._prepare_claim(claim)
-                    self.metrics.prepare_duration.observe(time.perf_counter() - started)
-                    self.metrics.count_prepare("error" if result.error else "success")
-                    results[ref.uid] = result
+            for ref, claim in zip(claims, allocations, strict=True):
+                started = time.perf_counter()
+                result = await self._prepare_claim(claim)
+                self.metrics.prepare_duration.observe(time.perf_counter() - started)
+                self.metrics.count_prepare("error" if result.error else "success")
+                results[ref.uid] = result
             return results
 
     async def _prepare_claim(self, claim: ClaimAllocation) -> ClaimPrepareResult:
-        """One claim: plan, reserve as pending, write, wait for the checkpoint, commit."""
+        """One claim: plan, reserve as pending and write its spec (one call at a time), wait
+        for the checkpoint (calls waiting together share one write), commit."""
         where = f"{claim.namespace}/{claim.name}"
-        try:
-            check_claim_uid(claim.uid)
-            plan = plan_claim(
-                claim,
-                inventory=self.inventory,
-                topology=self.topology,
-                store=self.state.store,
-                online=self.online,
-            )
-        except (PrepareError, CDIError) as exc:
-            log.info("prepare of claim %s failed: %s", where, exc)
-            return ClaimPrepareResult(error=str(exc))
-        if plan.is_empty:
-            return ClaimPrepareResult()
-        with self._serial.shielded():
-            try:
-                new = self.state.begin_prepare(plan)
-            except PrepareError as exc:
-                return ClaimPrepareResult(error=str(exc))
-            error = await self._write_and_persist(claim, plan, new)
+        # Shielded from the first change of state (begin_prepare) to the commit or undo;
+        # a call cancelled while it waits for the lock changes nothing.
+        with self._serial.commit_scope() as commit:
+            async with self._serial.lock():
+                staged = await self._stage(claim, where, commit)
+            if isinstance(staged, ClaimPrepareResult):
+                return staged
+            plan, new = staged
+            error = await self._persist_and_commit(claim, plan, new)
         if error:
             log.info("prepare of claim %s failed: %s", where, error)
             return ClaimPrepareResult(error=error)
@@ -237,6 +227,39 @@ class DRAService:
         if self.plugin_data_dir is not None:
             devices = await self._with_metadata(claim, plan, devices)
         return ClaimPrepareResult(devices=devices)
+
+    async def _stage(
+        self, claim: ClaimAllocation, where: str, commit: trio.CancelScope
+    ) -> ClaimPrepareResult | tuple[ClaimPlan, bool]:
+        """Under the lock: plan, keep the CPUs as pending, write the spec. A result when
+        the claim is done (nothing to do, or an error), else the plan and whether it is
+        new."""
+        try:
+            check_claim_uid(claim.uid)
+            plan = plan_claim(
+                claim,
+                inventory=self.inventory,
+                topology=self.topology,
+                store=self.state.store,
+                online=self.online,
+            )
+        except (PrepareError, CDIError) as exc:
+            log.info("prepare of claim %s failed: %s", where, exc)
+            return ClaimPrepareResult(error=str(exc))
+        if plan.is_empty:
+            return ClaimPrepareResult()
+        commit.shield = True
+        try:
+            new = self.state.begin_prepare(plan)
+        except PrepareError as exc:
+            return ClaimPrepareResult(error=str(exc))
+        try:
+            await self._file_io(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
+        except CDIError as exc:
+            self.state.abort_prepare(plan)
+            log.info("prepare of claim %s failed: %s", where, exc)
+            return ClaimPrepareResult(error=str(exc))
+        return plan, new
 
     async def _with_metadata(
         self, claim: ClaimAllocation, plan: ClaimPlan, devices: tuple[PreparedDeviceReply, ...]
@@ -257,15 +280,10 @@ class DRAService:
                     break
         return tuple(out)
 
-    async def _write_and_persist(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
-        """The file half of a prepare, then the commit; on failure undo it per §8.6 and
-        return the error. A new claim stays pending (invisible) until both files are on
-        disk, so nothing can have used its CPUs when it is dropped."""
-        try:
-            await self._file_io(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
-        except CDIError as exc:
-            self.state.abort_prepare(plan)
-            return str(exc)
+    async def _persist_and_commit(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
+        """Wait for the checkpoint, then commit; on failure undo it per §8.6 and return the
+        error. A new claim stays pending (invisible) until both files are on disk, so
+        nothing can have used its CPUs when it is dropped."""
         if not new:
             return ""
         try:
@@ -285,30 +303,39 @@ class DRAService:
         """Unprepare every claim (§11); unknown claims succeed."""
         with operation("unpreparing resource claims", v=4, claims=len(claims)):
             results: dict[str, ClaimUnprepareResult] = {}
-            async with self._serial.lock():
-                for ref in claims:
-                    with self._serial.shielded():
-                        error = await self._unprepare_claim(ref)
-                    self.metrics.count_unprepare("error" if error else "success")
-                    results[ref.uid] = ClaimUnprepareResult(error=error)
+            for ref in claims:
+                error = await self._unprepare_claim(ref)
+                self.metrics.count_unprepare("error" if error else "success")
+                results[ref.uid] = ClaimUnprepareResult(error=error)
             return results
 
     async def _unprepare_claim(self, ref: ClaimRef) -> str:
-        record = self.state.store.get(ref.uid)
-        try:
-            check_claim_uid(ref.uid)
-        except CDIError as exc:
-            # No spec can exist under such a name; a claim we never had is simply done.
-            return "" if record is None else str(exc)
-        try:
-            await self._file_io(remove_claim_spec, self.cdi_dir, ref.uid)
-        except CDIError as exc:
-            log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-            return str(exc)
-        if record is None:
-            await self._remove_metadata(ref)
-            return ""
-        self.state.begin_unprepare(ref.uid)
+        """Under the lock: remove the spec and leave the claim out of the next checkpoint;
+        then wait for that checkpoint (shared with other calls waiting) and release."""
+        with self._serial.commit_scope() as commit:
+            error = await self._unprepare_locked(ref, commit)
+        return error
+
+    async def _unprepare_locked(self, ref: ClaimRef, commit: trio.CancelScope) -> str:
+        # Shielded from the spec's removal on; a call cancelled while it waits for the
+        # lock changes nothing.
+        async with self._serial.lock():
+            commit.shield = True
+            record = self.state.store.get(ref.uid)
+            try:
+                check_claim_uid(ref.uid)
+            except CDIError as exc:
+                # No spec can exist under such a name; a claim we never had is simply done.
+                return "" if record is None else str(exc)
+            try:
+                await self._file_io(remove_claim_spec, self.cdi_dir, ref.uid)
+            except CDIError as exc:
+                log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
+                return str(exc)
+            if record is None:
+                await self._remove_metadata(ref)
+                return ""
+            self.state.begin_unprepare(ref.uid)
         try:
             await self.state.make_durable("unprepare")
         except StateFileError as exc:
