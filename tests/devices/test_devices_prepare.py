@@ -86,7 +86,7 @@ def test_individual_devices_resolve_to_their_cpus() -> None:
     assert plan.cpus == CPUSet.parse("0,40")
 
 
-def test_grouped_claims_get_isolated_cpus_only_when_nothing_else_fits() -> None:
+def test_grouped_claims_take_isolated_cpus_first_and_keep_the_pool() -> None:
     """isolated-rt: 0-1,8-9 are the only CPUs with load balancing; 12 are isolated."""
     topo = discover_from_root(XEON_SNC.parent / "isolated-rt")
     inv = build_inventory(topo, DeviceSettings())
@@ -104,6 +104,8 @@ def test_grouped_claims_get_isolated_cpus_only_when_nothing_else_fits() -> None:
         state.finish_prepare(plan)
         return plan.cpus
 
-    assert prepare("a", "2") == CPUSet.parse("0,8")  # not isolated: fits in 0-1,8-9
-    assert prepare("b", "4") == CPUSet.parse("2-3,10-11")  # 1,9 left: too few, isolated
+    assert prepare("a", "2") == CPUSet.parse("2,10")  # isolated CPUs first
+    assert prepare("b", "10") == CPUSet.parse("3-7,11-15")  # the rest of them
+    assert state.shared_pool == CPUSet.parse("0-1,8-9")  # the pool keeps balanced CPUs
+    assert prepare("c", "2") == CPUSet.parse("0,8")  # no isolated CPU left: balanced ones
     assert state.shared_pool == CPUSet.parse("1,9")

@@ -292,12 +292,12 @@ def _pick_from_group(
         options = select_allocation_options(configs, result.request) or DEFAULT_OPTIONS
     except OpaqueConfigError as exc:
         raise PrepareError(str(exc)) from None
-    # Isolated CPUs (isolcpus=) get no load balancing: a claim gets them only when the
-    # group's other free CPUs cannot hold it, and then isolated ones only where it can,
-    # so the shared pool keeps the CPUs the kernel balances.
+    # A node boots with isolcpus= to set CPUs aside for pinned work, and the shared pool
+    # can only live on the others: a claim takes isolated CPUs when they can hold it, then
+    # the balanced ones, and mixes the two only when neither alone can.
     isolated = candidates & topology.isolated
     if isolated:
-        for subset in (candidates - isolated, isolated):
+        for subset in (isolated, candidates - isolated):
             if len(subset) >= count:
                 try:
                     return take_cpus(topology, subset, count, options), _chosen(options)
