@@ -3,9 +3,18 @@
 #
 #   docker build -t ghcr.io/dracpu/dracpu:v0.1.0 .
 #
-# Stage 1 builds dracpu's wheel and the wheels of its dependencies; stage 2 installs them
-# from a build-time bind mount, so neither the wheels, pip's cache nor any build tool ends
-# up in a layer of the final image. Needs BuildKit (the default builder since Docker 23).
+# Stage 1 builds dracpu's wheel and fetches the wheels of its dependencies, exactly the
+# versions and files (sha256) locked in requirements/image.txt; stage 2 installs them from a
+# build-time bind mount, so neither the wheels, pip's cache nor any build tool ends up in a
+# layer of the final image. Needs BuildKit (the default builder since Docker 23).
+#
+# The lock holds the daemon's dependencies only: the simulator's (grpcio, cel-python, the
+# `sim` extra) are not in the image. Regenerate it after a dependency change in
+# pyproject.toml (docs/image.md):
+#   pip-compile --generate-hashes --strip-extras --output-file requirements/image.txt pyproject.toml
+#
+# Pin the base by digest for a reproducible build:
+#   --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest>
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS builder
@@ -14,10 +23,16 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # Only what the build reads (.dockerignore keeps everything else out of the context).
 COPY pyproject.toml README.md ./
+COPY requirements/image.txt ./requirements/
 COPY src ./src
-# Dependencies come as prebuilt manylinux wheels; `--only-binary :all:` makes a missing
-# one fail the build here instead of compiling it. dracpu itself is pure Python.
-RUN python -m pip wheel --wheel-dir /wheels --only-binary :all: --no-binary dracpu .
+# Dependencies come as prebuilt manylinux wheels whose hashes must match the lock;
+# `--only-binary :all:` makes a missing one fail the build here instead of compiling it.
+# dracpu itself is pure Python, built without its dependencies (the lock has them). The
+# lock goes next to the wheels, for the final stage.
+RUN python -m pip wheel --wheel-dir /wheels --only-binary :all: --require-hashes \
+      -r requirements/image.txt \
+ && python -m pip wheel --wheel-dir /wheels --no-deps . \
+ && cp requirements/image.txt /wheels/requirements.txt
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="dracpu" \
@@ -26,7 +41,9 @@ LABEL org.opencontainers.image.title="dracpu" \
 # Offline install of exactly the wheels built above; then pip and setuptools go too, as
 # nothing at run time imports them.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    python -m pip install --no-cache-dir --no-index --find-links=/wheels dracpu \
+    python -m pip install --no-cache-dir --no-index --find-links=/wheels --require-hashes \
+      -r /wheels/requirements.txt \
+ && python -m pip install --no-cache-dir --no-index --find-links=/wheels --no-deps dracpu \
  && python -m pip uninstall --yes pip setuptools wheel \
  && ln -s /usr/local/bin/dracpu /dracpu \
  && ln -s /usr/local/bin/dracpu-gatherinfo /dracpu-gatherinfo

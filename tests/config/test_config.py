@@ -285,21 +285,25 @@ def test_case_folded_keys_exact_example(cfg_file: Path) -> None:
 def test_case_folded_excluded_and_unicode_folding(cfg_file: Path) -> None:
     text = "BINDADDRESS: ':1'\n\u212aubeconfig: x\nSysfsRoot: /s\nzzz: 1\n"
     assert error_of(cfg_file, text) == (
-        'cannot apply P: field "BINDADDRESS" is not configurable via the config file; use helm '
-        'chart\'s healthzPort instead; field "SysfsRoot" is not configurable via the config '
+        'cannot apply P: field "BINDADDRESS" is not configurable via the config file; use '
+        "--bind-address instead (and move the DaemonSet's healthz port with it); "
+        'field "SysfsRoot" is not configurable via the config '
         'file; use --sysfs-root instead; field "\u212aubeconfig" is spelled differently from the '
         'schema; use "kubeconfig"'
     )
 
 
 UPSTREAM_EXCLUDED = [
-    ("bindAddress: ':1'\n", "bindAddress", "use helm chart's healthzPort instead"),
-    ("exposePCIeRoots: true\n", "exposePCIeRoots", "use args.exposePCIeRoots instead"),
+    (
+        "bindAddress: ':1'\n",
+        "bindAddress",
+        "use --bind-address instead (and move the DaemonSet's healthz port with it)",
+    ),
+    ("exposePCIeRoots: true\n", "exposePCIeRoots", "use --expose-pcie-roots instead"),
     (
         "kubeletRootDir: /x\n",
         "kubeletRootDir",
-        "use the chart's top-level kubeletRootDir value, or --kubelet-root-dir when running the "
-        "binary directly",
+        "use --kubelet-root-dir instead",
     ),
 ]
 FLAG_ONLY_EXCLUDED = [
@@ -327,7 +331,7 @@ def test_first_excluded_field_in_sorted_order_wins(cfg_file: Path) -> None:
     text = "stateDir: /s\nkubeletRootDir: /k\nexposePCIeRoots: true\n"
     assert error_of(cfg_file, text) == (
         'cannot apply P: field "exposePCIeRoots" is not configurable via the config file; use '
-        "args.exposePCIeRoots instead"
+        "--expose-pcie-roots instead"
     )
 
 

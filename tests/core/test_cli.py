@@ -69,6 +69,56 @@ def test_errors_are_one_line(
     assert "Traceback" not in err
 
 
+VM_1CPU = str(FIXTURES / "vm-1cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (
+            ["introspect", "allocate", "--sysfs-root", VM_1CPU, "--count", "0"],
+            2,
+            "dracpu: introspect allocate: argument --count: must be 1 or more, got 0",
+        ),
+        (
+            ["introspect", "allocate", "--sysfs-root", VM_1CPU, "--count", "-4"],
+            2,
+            "dracpu: introspect allocate: argument --count: must be 1 or more, got -4",
+        ),
+        (
+            ["introspect", "allocate", "--sysfs-root", VM_1CPU, "--count=two"],
+            2,
+            "dracpu: introspect allocate: argument --count: 'two' is not a whole number",
+        ),
+        (
+            ["demo", "--sysfs-root", VM_1CPU, "--reserved-cpus", "0"],
+            2,
+            "dracpu: --reserved-cpus 0 reserves every CPU of this node (0): nothing is left "
+            "for claims or the shared pool",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_non_zero(
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    got, out, err = run(capsys, *argv)
+    assert (got, out, err) == (code, "", message + "\n")
+
+
+def test_introspect_slices_with_every_cpu_reserved(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("reservedCPUs: '0'\n")
+    got, out, err = run(
+        capsys, "introspect", "slices", "--sysfs-root", VM_1CPU, "--config", str(config)
+    )
+    assert (got, out) == (1, "")
+    assert err == (
+        "dracpu: reservedCPUs 0 covers every CPU of this node (0): there is nothing to publish\n"
+    )
+
+
 def test_help_exits_zero_with_example(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["introspect", "topology", "-h"], ["gatherinfo", "--help"], ["version", "-h"]):
         code, _, err = run(capsys, *argv)
@@ -274,45 +324,137 @@ def test_introspect_slices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     )
 
 
+@pytest.fixture
+def kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig for a server nobody listens on (the client is made, nothing connects)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dracpu run` resolves everything, then returns instead of running the services."""
+    import dracpu.nursery.supervisor as supervisor
+
+    async def run_daemon(startup: object) -> int:
+        return 0
+
+    monkeypatch.setattr(supervisor, "run_daemon", run_daemon)
+
+
 def test_root_flags_load_and_log_the_config(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, no_daemon: None
 ) -> None:
-    # No kubeconfig and no in-cluster service account: the daemon stops after the config.
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    code, _, err = run(capsys, "--group-by=socket", "-reserved-cpus", "0-1")
-    assert code == 1
+    code, _, err = run(
+        capsys, "--group-by=socket", "-reserved-cpus", "0-1", f"--kubeconfig={kubeconfig}"
+    )
+    assert code == 0, err
     lines = err.splitlines()
     assert lines[0].startswith("W")
     assert lines[0].endswith('] "flag is deprecated" flag="group-by" driverConfigField="groupBy"')
     assert any('"configuration successfully loaded" config=<' in line for line in lines)
     assert "\tgroupBy: socket" in lines and "\treservedCPUs: 0-1" in lines
-    assert lines[-1] == (
-        "dracpu: failed to create the Kubernetes client: load in-cluster config: "
-        "Service host/port is not set."
-    )
-    code, _, err = run(capsys, "--reserved-cpus=x")
-    assert code == 1
-    assert err.splitlines()[-1] == (
-        "dracpu: failed to load configuration: failed to parse reserved CPUs: "
-        "invalid cpuset 'x': not a cpu id or range: 'x'"
-    )
-    code, _, err = run(capsys, "--group-by=rack")
-    assert code == 2
-    assert err.startswith(
-        'invalid value "rack" for flag -group-by: invalid value: "rack", must be socket, '
-        "numanode or machine\nUsage:"
-    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        # No kubeconfig and no in-cluster service account.
+        (
+            ["--group-by=socket"],
+            1,
+            "dracpu: failed to create the Kubernetes client: load in-cluster config: "
+            "Service host/port is not set.",
+        ),
+        (
+            ["--kubeconfig", "/nonexistent"],
+            1,
+            "dracpu: failed to create the Kubernetes client: kubeconfig /nonexistent: "
+            "no such file or directory",
+        ),
+        (
+            ["run", "--kubeconfig=/"],
+            1,
+            "dracpu: failed to create the Kubernetes client: kubeconfig /: is a directory",
+        ),
+        (
+            ["--reserved-cpus=x"],
+            1,
+            "dracpu: failed to load configuration: failed to parse reserved CPUs: "
+            "invalid cpuset 'x': not a cpu id or range: 'x'",
+        ),
+        (
+            ["--group-by=rack"],
+            2,
+            'dracpu: invalid value "rack" for flag -group-by: invalid value: "rack", must be '
+            "socket, numanode or machine (see dracpu --help)",
+        ),
+        (["run", "--nope"], 2, "dracpu: flag provided but not defined: -nope (see dracpu --help)"),
+        (["run", "extra"], 1, "dracpu: run does not accept positional arguments: extra"),
+    ],
+)
+def test_daemon_start_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    code: int,
+    message: str,
+) -> None:
+    # Printed once (no log line repeating it) and without the config dumped first.
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    got, out, err = run(capsys, *argv)
+    assert got == code
+    assert out == ""
+    lines = [line for line in err.splitlines() if '"flag is deprecated"' not in line]
+    assert lines == [message]
 
 
 def test_run_takes_the_root_flags(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], kubeconfig: Path, no_daemon: None
 ) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    code, _, err = run(capsys, "run", "--group-by=machine")
-    assert code == 1
+    code, _, err = run(capsys, "run", "--group-by=machine", f"--kubeconfig={kubeconfig}")
+    assert code == 0, err
     assert "\tgroupBy: machine" in err.splitlines()
-    code, _, err = run(capsys, "run", "extra")
-    assert err == "dracpu: run does not accept positional arguments: extra\n"
+
+
+def test_help_is_argparse_style_for_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["run", "-h"], ["demo", "--help"], ["sim", "apiserver", "-h"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (0, ""), argv
+        assert err.startswith("usage: dracpu"), argv
+        assert "\nexample:\n  " in err, argv
+    _, _, err = run(capsys, "run", "--help")
+    assert "  --kubelet-root-dir DIR  " in err
+    assert "\n  -kubelet-root-dir" not in err
+
+
+def test_demo_flags_all_have_help(capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, err = run(capsys, "demo", "--help")
+    options = err.split("options:")[1].split("example:")[0]
+    for flag in ("--output", "--cpu-device-mode", "--group-by", "--reserved-cpus"):
+        entry = options.split(flag, 1)[1].split("\n  --", 1)[0]
+        assert len(entry.split()) > 3, flag  # more than the metavar: a sentence
+
+
+def test_sim_apiserver_example_does_not_chain_after_a_blocking_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, _, err = run(capsys, "sim", "apiserver", "--help")
+    example = err.split("example:\n")[1]
+    assert "&&" not in example
+    assert example.splitlines()[0].strip().startswith("dracpu sim apiserver")
 
 
 def test_ctrl_c_inside_a_nursery_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:

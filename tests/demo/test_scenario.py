@@ -37,6 +37,55 @@ spec:
   - name: c
     resources: {claims: [{name: cpus}]}
 """
+TEMPLATE = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: t}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: cpus
+        exactly: {deviceClassName: dra.cpu, count: 2}
+"""
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: team}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      resourceClaims: [{name: cpus, resourceClaimTemplateName: t}]
+      containers: [{name: c, resources: {claims: [{name: cpus}]}}]
+"""
+
+
+def test_templates_and_deployments() -> None:
+    sc = parse_scenario(
+        TEMPLATE.replace("{name: t}", "{name: t, namespace: team}") + "---" + DEPLOYMENT
+    )
+    assert [t["metadata"]["name"] for t in sc.templates] == ["t"]
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in sc.pods] == [
+        ("team", "web-0"),
+        ("team", "web-1"),
+        ("team", "web-2"),
+    ]
+    assert sc.pods[0]["metadata"]["labels"] == {"app": "web"}
+    assert sc.pods[0]["spec"]["resourceClaims"] == [
+        {"name": "cpus", "resourceClaimTemplateName": "t"}
+    ]
+    # A template lives in the pod's namespace.
+    with pytest.raises(ScenarioError, match="ResourceClaimTemplate team/t is not defined"):
+        parse_scenario(TEMPLATE + "---" + DEPLOYMENT)
+
+
+def test_every_docs_example_parses() -> None:
+    for example in sorted((Path(__file__).parents[2] / "docs" / "examples").glob("*.yaml")):
+        sc = load_scenario(str(example))
+        assert sc.pods, example.name
 
 
 def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
@@ -56,8 +105,29 @@ def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
         ("a: [", "s: not valid YAML"),
         ("- 1", "s: document 1: expected a mapping, got list"),
         (
+            "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: d}",
+            "s: document 1 (StatefulSet d): unsupported apiVersion/kind apps/v1/StatefulSet; a "
+            "scenario holds v1 Pods, resource.k8s.io/v1 ResourceClaims and "
+            "ResourceClaimTemplates, and apps/v1 Deployments",
+        ),
+        (
             "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}",
-            "s: document 1 (Deployment d): unsupported apiVersion/kind apps/v1/Deployment",
+            "s: document 1 (Deployment d): spec.template must be a pod template",
+        ),
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+            "spec: {replicas: -1, template: {spec: {containers: [{name: c}]}}}",
+            "spec.replicas must be a whole number from 0 to 64",
+        ),
+        (
+            TEMPLATE + "---" + TEMPLATE,
+            "s: document 2 (ResourceClaimTemplate t): ResourceClaimTemplate default/t defined "
+            "twice",
+        ),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: t}\n"
+            "spec: {spec: {devices: {}}}",
+            "spec.spec.devices.requests must be a non-empty list",
         ),
         ("apiVersion: v1\nkind: Pod\nmetadata: {}", "s: document 1: metadata.name is required"),
         (
@@ -83,8 +153,16 @@ def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
             "apiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec:\n"
             + "  resourceClaims: [{name: x, resourceClaimTemplateName: t}]\n"
             + "  containers: [{name: c}]",
-            "resourceClaims[x] must name a ResourceClaim (resourceClaimName); claim templates "
-            "are not supported by the demo",
+            "ResourceClaimTemplate default/t is not defined earlier in the scenario",
+        ),
+        (
+            CLAIM
+            + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec:\n"
+            + "  resourceClaims:\n"
+            + "  - {name: x, resourceClaimName: four, resourceClaimTemplateName: t}\n"
+            + "  containers: [{name: c}]",
+            "resourceClaims[x] must set exactly one of resourceClaimName and "
+            "resourceClaimTemplateName",
         ),
     ],
 )
@@ -143,8 +221,24 @@ def test_default_scenario_shrinks_on_a_tiny_node() -> None:
     assert sc.claims == []
     assert [p["metadata"]["name"] for p in sc.pods] == ["plain"]
     assert sc.notes[0] == (
-        "claim numa-pinned (1 CPUs) left out: the node has 0 CPU(s) left for claims"
+        "claim numa-pinned (1 CPUs) left out: 0 CPU(s) of this node's 1 are left for claims "
+        "(one always stays in the shared pool)"
     )
+    assert sc.notes[-1].startswith(
+        "to see every claim kind, run the demo on a bigger machine shape: dracpu demo "
+        "--sysfs-root tests/fake_sysfs/xeon-2s-ht"
+    )
+
+
+def test_default_scenario_socket_grouping_says_why_numa_pinned_is_left_out() -> None:
+    topo = discover_from_root(FIXTURES / "xeon-2s-ht")
+    sc = default_scenario(topo, mode="grouped", group_by="socket", reserved=0)
+    assert [c["metadata"]["name"] for c in sc.claims] == ["full-cores", "grouped", "short-lived"]
+    assert sc.notes == [
+        "claim numa-pinned left out: with --group-by socket one device spans a whole socket, "
+        "so a claim cannot select a NUMA node; run with --group-by numanode or "
+        "--cpu-device-mode individual to see it"
+    ]
 
 
 def test_default_scenario_machine_grouping_has_no_claims() -> None:

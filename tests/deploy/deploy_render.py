@@ -14,7 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-OVERLAYS = ("grouped", "individual", "custom-kubelet-root")
+OVERLAYS = ("grouped", "individual", "custom-kubelet-root", "node-selector")
 KUBECTL_FALLBACK = Path("/usr/bin/kubectl")
 
 

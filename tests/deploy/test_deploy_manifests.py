@@ -321,6 +321,7 @@ _HASHED = re.compile(r"dracpu-config-[a-z0-9]{10}")
         ("grouped", "grouped", "numanode"),
         ("individual", "individual", "numanode"),
         ("custom-kubelet-root", "grouped", "numanode"),
+        ("node-selector", "grouped", "numanode"),
     ],
 )
 def test_overlay_config(
@@ -390,6 +391,16 @@ def test_custom_kubelet_root_differs_only_in_the_kubelet_paths(render: Render) -
     custom["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["args"].pop()
     undone = repr(custom["DaemonSet"]).replace(K0S_ROOT, "/var/lib/kubelet")
     assert undone == repr(grouped["DaemonSet"])
+
+
+def test_node_selector_overlay_differs_only_in_the_node_selector(render: Render) -> None:
+    grouped = {o["kind"]: o for o in render("grouped")}
+    selected = {o["kind"]: o for o in render("node-selector")}
+    diffs = {kind: _same_except(grouped[kind], selected[kind]) for kind in KINDS}
+    assert diffs.pop("DaemonSet") == ["/spec/template/spec/nodeSelector"]
+    assert all(not d for d in diffs.values()), diffs
+    pod = selected["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"dra.cpu/enabled": "true"}
 
 
 # -- what users do with it -----------------------------------------------------------------

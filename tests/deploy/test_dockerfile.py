@@ -99,15 +99,35 @@ def test_two_stages_on_the_slim_python_base(stages: list[Stage]) -> None:
     assert [(s.image, s.name) for s in stages] == [(BASE_IMAGE, "builder"), (BASE_IMAGE, None)]
 
 
-def test_builder_makes_the_wheels_from_the_source(stages: list[Stage]) -> None:
+def _commands(run: list[str]) -> list[list[str]]:
+    """One RUN's `&&`-joined commands."""
+    out: list[list[str]] = [[]]
+    for word in run:
+        if word == "&&":
+            out.append([])
+        else:
+            out[-1].append(word)
+    return out
+
+
+def test_builder_makes_the_wheels_from_the_lock_and_the_source(stages: list[Stage]) -> None:
     builder = stages[0]
-    assert builder.args("COPY") == ["pyproject.toml README.md ./", "src ./src"]
-    (wheel,) = _runs(builder)
-    assert wheel[:4] == ["python", "-m", "pip", "wheel"]
-    assert "--wheel-dir" in wheel and wheel[wheel.index("--wheel-dir") + 1] == "/wheels"
-    # Dependencies must arrive as wheels: nothing is compiled, even in the builder.
-    assert wheel[wheel.index("--only-binary") + 1] == ":all:"
-    assert wheel[-1] == "."
+    assert builder.args("COPY") == [
+        "pyproject.toml README.md ./",
+        "requirements/image.txt ./requirements/",
+        "src ./src",
+    ]
+    (run,) = _runs(builder)
+    deps, own, keep = _commands(run)
+    for wheel in (deps, own):
+        assert wheel[:4] == ["python", "-m", "pip", "wheel"]
+        assert "--wheel-dir" in wheel and wheel[wheel.index("--wheel-dir") + 1] == "/wheels"
+    # Dependencies must arrive as wheels, exactly the locked files: nothing is compiled,
+    # nothing unlocked is fetched.
+    assert deps[deps.index("--only-binary") + 1] == ":all:"
+    assert "--require-hashes" in deps and deps[-2:] == ["-r", "requirements/image.txt"]
+    assert own[-2:] == ["--no-deps", "."]
+    assert keep == ["cp", "requirements/image.txt", "/wheels/requirements.txt"]
     assert any("PIP_NO_CACHE_DIR=1" in env for env in builder.args("ENV"))
 
 
@@ -117,10 +137,12 @@ def test_final_stage_installs_only_the_wheels_offline(stages: list[Stage]) -> No
     assert not final.args("COPY") and not final.args("ADD")
     (run,) = _runs(final)
     assert run[0] == "--mount=type=bind,from=builder,source=/wheels,target=/wheels"
-    install = run[1 : run.index("&&")]
-    assert install[:4] == ["python", "-m", "pip", "install"]
-    assert {"--no-cache-dir", "--no-index", "--find-links=/wheels"} <= set(install)
-    assert install[-1] == "dracpu"
+    deps, own = _commands(run[1:])[:2]
+    for install in (deps, own):
+        assert install[:4] == ["python", "-m", "pip", "install"]
+        assert {"--no-cache-dir", "--no-index", "--find-links=/wheels"} <= set(install)
+    assert "--require-hashes" in deps and deps[-2:] == ["-r", "/wheels/requirements.txt"]
+    assert own[-2:] == ["--no-deps", "dracpu"]
     commands = " ".join(run)
     assert "pip uninstall --yes pip setuptools wheel" in commands
     for tool in ("apt-get", "apk", "gcc", "build-essential", "make ", "cc "):
@@ -236,6 +258,7 @@ def test_context_holds_only_what_the_build_reads(rules: list[tuple[bool, re.Patt
     for path in (
         "pyproject.toml",
         "README.md",
+        "requirements/image.txt",
         "src/dracpu/cli/__init__.py",
         "src/dracpu/py.typed",
         "src/dracpu/proto/dra/v1/api_pb2.py",
@@ -279,7 +302,13 @@ def test_wheel_builds_from_the_context_and_installs(
     for rel in _context_files(rules):
         (context / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, context / rel)
-    assert sorted(p.name for p in context.iterdir()) == ["README.md", "pyproject.toml", "src"]
+    assert sorted(p.name for p in context.iterdir()) == [
+        "README.md",
+        "pyproject.toml",
+        "requirements",
+        "src",
+    ]
+    assert [p.name for p in (context / "requirements").iterdir()] == ["image.txt"]
 
     # The builder stage's command, offline: build isolation would fetch setuptools.
     subprocess.run(

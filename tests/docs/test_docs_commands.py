@@ -22,7 +22,10 @@ OTHER_MARKERS = ("output", "attributes", "cel grouped", "cel individual")
 # Built by the daemon and demo work; their blocks switch to `run` when those land.
 # Commands documented before they exist; every documented command is built today.
 PENDING_COMMANDS: set[tuple[str, str]] = set()
-CLUSTER_PROGRAMS = {"kubectl", "curl", "containerd", "crio", "ls", "docker", "dracpu"}
+CLUSTER_PROGRAMS = {
+    "kubectl", "curl", "containerd", "crio", "ls", "docker", "dracpu",
+    "podman", "buildah", "kind", "ctr",
+}  # fmt: skip
 BLOCK_TIMEOUT = 120
 
 _BLOCKS = all_blocks()
@@ -143,10 +146,16 @@ def test_run_block(block: Block, tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
     assert proc.returncode == 0, f"{block.where} exited {proc.returncode}:\n{output}"
+    # A reader runs these in the checkout: whatever they write goes to a temp dir.
+    written = sorted(e.name for e in work.iterdir() if not e.is_symlink())
+    assert not written, f"{block.where} wrote {written} into the checkout; use mktemp -d"
     expected = _expected_output(block)
     if expected is not None:
+        # `mktemp -d` names differ per run; the docs show them as /tmp/tmp.XXXXXXXXXX.
+        shown = re.sub(r"/tmp\.[A-Za-z0-9]{10}", "/tmp.XXXXXXXXXX", output)
+        shown = shown.replace(str(tmp_path), "/tmp")
         for line in expected.splitlines():
-            assert line in output.splitlines(), f"{block.where}: {line!r} not in:\n{output}"
+            assert line in shown.splitlines(), f"{block.where}: {line!r} not in:\n{output}"
 
 
 # -- blocks that cannot run here ---------------------------------------------------------------

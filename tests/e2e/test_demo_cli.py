@@ -41,7 +41,8 @@ def test_demo_json_on_fixtures(fixture: str, mode: str) -> None:
     proc = run_demo("--sysfs-root", str(root), "--cpu-device-mode", mode, "--output", "json")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     doc = json.loads(proc.stdout)
-    assert list(doc) == ["slices", "claims", "containers"]
+    assert list(doc) == ["slices", "claims", "containers", "notes"]
+    assert doc["notes"] == []
     devices = [d["name"] for s in doc["slices"] for d in s["spec"]["devices"]]
     if mode == "individual":
         assert len(devices) == topo.num_cpus
@@ -115,11 +116,52 @@ spec:
     assert proc.returncode == 1, proc.stdout
     assert "dracpu demo: claim default/huge: " in proc.stderr
     assert "500" in proc.stderr.split("claim default/huge: ", 1)[1]
+    # Each problem once, and its subject named once.
+    assert proc.stderr.count("claim default/huge") == 1, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
     out = proc.stdout
     assert "pod default/plain running: app=0-79" in out
     assert "pod default/greedy not running: " in out
     assert "CPU map:" in out and "shared pool" in out
     assert "  default/huge" in out and "not allocated: " in out
+
+
+def _without_volatile(value: object) -> object:
+    """The document minus what differs between runs by nature: timestamps and UIDs."""
+    if isinstance(value, dict):
+        return {
+            k: _without_volatile(v)
+            for k, v in value.items()
+            if k not in ("uid", "creationTimestamp", "resourceVersion")
+        }
+    if isinstance(value, list):
+        return [_without_volatile(v) for v in value]
+    return value
+
+
+def test_demo_json_is_the_same_on_every_run() -> None:
+    args = ("--sysfs-root", str(FIXTURES / "xeon-2s-ht"), "--output", "json")
+    first, second = run_demo(*args), run_demo(*args)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert _without_volatile(json.loads(first.stdout)) == _without_volatile(
+        json.loads(second.stdout)
+    )
+
+
+def test_demo_on_a_tiny_node_notes_every_claim_left_out() -> None:
+    proc = run_demo("--sysfs-root", str(FIXTURES / "vm-1cpu"), "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["claims"] == {}
+    left_out = [n for n in doc["notes"] if " left out: " in n]
+    assert [n.split(" ", 2)[1] for n in left_out] == [
+        "numa-pinned",
+        "full-cores",
+        "grouped",
+        "short-lived",
+    ]
+    assert "--sysfs-root tests/fake_sysfs/xeon-2s-ht" in doc["notes"][-1]
+    assert doc["containers"] == {"default/plain/app": "0"}
 
 
 def test_demo_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
@@ -128,8 +170,7 @@ def test_demo_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_demo("--scenario", str(bad))
     assert proc.returncode == 1
     assert proc.stderr == (
-        f"dracpu: {bad}: document 1 (Deployment d): unsupported apiVersion/kind "
-        "apps/v1/Deployment; a scenario holds v1 Pods and resource.k8s.io/v1 ResourceClaims\n"
+        f"dracpu: {bad}: document 1 (Deployment d): spec.template must be a pod template\n"
     )
 
 

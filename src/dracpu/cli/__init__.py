@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from dracpu.cli.common import CLIError, HelpRequested, UsageError, parse_root
+from dracpu.cli.common import CLIError, HelpRequested, parse_root
 from dracpu.cli.demo import cmd_demo
 from dracpu.cli.gatherinfo import cmd_gatherinfo
 from dracpu.cli.introspect import INTROSPECT_SUBCOMMANDS, cmd_introspect
@@ -69,8 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dispatch(args)
     except HelpRequested:
         return 0
-    except UsageError:
-        return 2
     except CLIError as err:
         print(f"dracpu: {err}", file=sys.stderr)
         return err.code
@@ -87,5 +85,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def gatherinfo_main() -> int:
-    """The legacy `dracpu-gatherinfo` entry point (behavior.md §2.1)."""
+    """The `dracpu-gatherinfo` entry point, kept for scripts written for the Go driver."""
     return main(["gatherinfo", *sys.argv[1:]])

@@ -1,6 +1,6 @@
-"""What every `dracpu` subcommand shares: the user-facing error, argparse set up the way
-behavior.md §2.3 wants it, the root-flag parser, and the node inputs (sysfs root or a
-gatherinfo report, topology discovery, the config file, reserved CPUs)."""
+"""What every `dracpu` subcommand shares: the user-facing error, argparse set up to raise
+instead of exit and to print help on stderr, the root-flag parser, and the node inputs
+(sysfs root or a gatherinfo report, topology discovery, the config file, reserved CPUs)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CLIError",
     "HelpRequested",
-    "UsageError",
     "command_parser",
     "discover",
     "host_path",
     "load_driver_config",
     "parse_root",
+    "positive_int",
+    "require_simulator",
     "reserved_cpuset",
     "sysfs_root",
 ]
@@ -48,12 +49,9 @@ class HelpRequested(Exception):
     """Help was asked for and is already on stderr: exit 0."""
 
 
-class UsageError(Exception):
-    """A root flag could not be parsed; the message and usage are already on stderr."""
-
-
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, and prints help to stderr (behavior.md §2.3)."""
+    """argparse that raises instead of exiting, and prints help to stderr (stdout stays
+    for output a script reads)."""
 
     def error(self, message: str) -> NoReturn:
         raise CLIError(f"{self.prog.removeprefix('dracpu ')}: {message}", code=2)
@@ -67,29 +65,73 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(self.format_help())
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps the description as argparse does, keeps the example's lines as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def command_parser(prog: str, description: str, example: str) -> argparse.ArgumentParser:
-    """The parser of one subcommand; its help ends with one example."""
+    """The parser of one subcommand; its help ends with one example (lines of it indented)."""
+    indented = "\n".join(f"  {line}" for line in example.splitlines())
     return _Parser(
         prog=prog,
         description=description,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"example:\n{indented}",
+        formatter_class=_HelpFormatter,
     )
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (the message names the bad value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def parse_root(argv: Sequence[str]) -> ParsedFlags:
-    """Root flags with Go's conventions: usage on stderr for -h (exit 0) and errors (exit 2)."""
+    """Root flags with Go's conventions: usage on stderr for -h (exit 0); a bad flag is one
+    line in Go's wording and exit 2, as a subcommand's bad flag is."""
     from dracpu.flags import FlagError, parse_root_flags, usage_text
 
     try:
         parsed = parse_root_flags(list(argv))
     except FlagError as err:
-        sys.stderr.write(f"{err}\n{usage_text()}")
-        raise UsageError from err
+        raise CLIError(f"{err} (see dracpu --help)", code=2) from err
     if parsed.help:
         sys.stderr.write(usage_text())
         raise HelpRequested
     return parsed
+
+
+def require_simulator(command: str) -> None:
+    """The simulated node's own dependencies (the `sim` extra) are installed, or one line
+    saying how to get them: the daemon's image leaves them out."""
+    import importlib.util
+
+    def installed(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ImportError:
+            return False
+
+    missing = [
+        dist
+        for module, dist in (("grpc", "grpcio"), ("celpy", "cel-python"))
+        if not installed(module)
+    ]
+    if missing:
+        raise CLIError(
+            f"{command} runs the simulated node, which needs {' and '.join(missing)}; "
+            "install them with: pip install 'dracpu[sim]'"
+        )
 
 
 # -- the node a command looks at ----------------------------------------------------------

@@ -6,7 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dracpu.cli.common import CLIError, command_parser, discover, reserved_cpuset, sysfs_root
+from dracpu.cli.common import (
+    CLIError,
+    command_parser,
+    discover,
+    require_simulator,
+    reserved_cpuset,
+    sysfs_root,
+)
 
 __all__ = ["cmd_demo"]
 
@@ -22,24 +29,55 @@ def _demo_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
     p.add_argument("--scenario", help="YAML stream of Pods and ResourceClaims (default: built in)")
-    p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument("--cpu-device-mode", choices=("grouped", "individual"), default="grouped")
-    p.add_argument("--group-by", choices=("numanode", "socket", "machine"), default="numanode")
-    p.add_argument("--reserved-cpus", default="", help="CPUs kept out of DRA (e.g. 0-1)")
+    p.add_argument(
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text: progress lines, the report and a CPU map; json: one document with the "
+        "published slices, each claim's CPUs, each container's cpuset and the notes "
+        "(default text)",
+    )
+    p.add_argument(
+        "--cpu-device-mode",
+        choices=("grouped", "individual"),
+        default="grouped",
+        help="the daemon's --cpu-device-mode: one device per group of CPUs with a consumable "
+        "capacity, or one device per CPU (default grouped)",
+    )
+    p.add_argument(
+        "--group-by",
+        choices=("numanode", "socket", "machine"),
+        default="numanode",
+        help="in grouped mode, what one device covers (default numanode)",
+    )
+    p.add_argument(
+        "--reserved-cpus",
+        default="",
+        help="CPUs kept out of DRA, as the daemon's --reserved-cpus (e.g. 0-1); at least one "
+        "CPU must stay unreserved",
+    )
     p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
     return p
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
+    args = _demo_parser().parse_args(argv)
+    require_simulator("dracpu demo")
+
     import trio
 
     from dracpu.demo.runner import DemoError, DemoOptions, run_demo
     from dracpu.demo.scenario import ScenarioError, default_scenario, load_scenario
 
-    args = _demo_parser().parse_args(argv)
     root = sysfs_root(args.sysfs_root)
     topo = discover(root)
     reserved = reserved_cpuset(args.reserved_cpus)
+    if topo.all_cpus and not topo.all_cpus - reserved:
+        raise CLIError(
+            f"--reserved-cpus {args.reserved_cpus} reserves every CPU of this node "
+            f"({topo.all_cpus.format()}): nothing is left for claims or the shared pool",
+            code=2,
+        )
     try:
         if args.scenario:
             scenario = load_scenario(args.scenario)

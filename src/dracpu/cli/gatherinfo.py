@@ -1,5 +1,5 @@
 """`dracpu gatherinfo` (also installed as `dracpu-gatherinfo`): the node-local support
-bundle of the running driver (behavior.md §2.5)."""
+bundle of the running driver."""
 
 from __future__ import annotations
 

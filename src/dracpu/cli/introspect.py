@@ -14,6 +14,7 @@ from dracpu.cli.common import (
     command_parser,
     discover,
     load_driver_config,
+    positive_int,
     reserved_cpuset,
     sysfs_root,
 )
@@ -93,7 +94,9 @@ def _allocate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sysfs-root", help=_SYSFS_ROOT_HELP)
     p.add_argument("--config", help="driver config file (for reservedCPUs and sysfsOverlay)")
-    p.add_argument("--count", type=int, required=True, help="number of CPUs to allocate")
+    p.add_argument(
+        "--count", type=positive_int, required=True, help="number of CPUs to allocate (1 or more)"
+    )
     p.add_argument("--available", help="cpuset to choose from (default: all but reserved)")
     p.add_argument("--reserved", help="reserved cpuset (default: the config's reservedCPUs)")
     p.add_argument(
@@ -162,6 +165,11 @@ def _slices(argv: Sequence[str]) -> int:
         overlay=config.sysfsOverlay or None,
         pcie=args.expose_pcie_roots,
     )
+    if topo.all_cpus and not topo.all_cpus - reserved:
+        raise CLIError(
+            f"reservedCPUs {config.reservedCPUs} covers every CPU of this node "
+            f"({topo.all_cpus.format()}): there is nothing to publish"
+        )
     node = args.node_name or resolve_node_name(config)
     settings = DeviceSettings(
         # load_config validated both; DriverConfig keeps them as plain strings.

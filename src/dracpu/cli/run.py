@@ -1,7 +1,7 @@
 """`dracpu run` (or `dracpu` with root flags only): the node daemon.
 
-The configuration is resolved as behavior.md §3.3 and §16 say; the daemon then runs until
-SIGTERM/SIGINT (exit 0) or a fatal error (exit 1).
+The configuration is defaults ← the YAML file (`--config`) ← explicitly set flags; the daemon
+then runs until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1).
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ def _configure_logging(explicit: dict[str, object]) -> Logger:
 
 
 def _resolve_config(explicit: dict[str, object], log: Logger) -> tuple[DriverConfig, str]:
-    """The effective config and the node name, logged as the Go driver logs them."""
+    """The effective config and the node name; a bad one is a `CLIError` (one line)."""
     from dracpu.config import (
         ConfigError,
-        config_dump_yaml,
         deprecated_flags_set,
         load_config,
         parse_reserved_cpus,
@@ -58,31 +57,50 @@ def _resolve_config(explicit: dict[str, object], log: Logger) -> tuple[DriverCon
         parse_reserved_cpus(config)
         node_name = resolve_node_name(config)
     except ConfigError as err:
-        log.error("failed to run", err=f"failed to load configuration: {err}")
         raise CLIError(f"failed to load configuration: {err}") from err
-    log.info("configuration successfully loaded", config=config_dump_yaml(config))
     return config, node_name
 
 
+def _check_kubeconfig_readable(path: str) -> None:
+    """The kubernetes client reads a missing file as "No configuration found": say why."""
+    if not path:
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise CLIError(
+            f"failed to create the Kubernetes client: kubeconfig {path}: "
+            f"{(err.strerror or str(err)).lower()}"
+        ) from err
+
+
 def start_daemon(explicit: dict[str, object]) -> NoReturn:
-    """Resolve the configuration from the explicitly set root flags, then run the daemon."""
+    """Resolve the configuration from the explicitly set root flags, then run the daemon.
+
+    The Kubernetes client is made before the configuration is logged, so a kubeconfig that
+    cannot be read is one error line, not a config dump followed by the error. Start-up
+    errors are printed once, as `dracpu: <message>`, not also as a log line.
+    """
     from dracpu.daemon import lean_kubernetes_import
 
     lean_kubernetes_import()  # before anything below imports kubernetes
 
     import trio
 
+    from dracpu.config import config_dump_yaml
     from dracpu.daemon.app import Daemon
     from dracpu.k8s.client import K8sError, KubeClient
     from dracpu.nursery.supervisor import run_daemon
 
     log = _configure_logging(explicit)
     config, node_name = _resolve_config(explicit, log)
+    _check_kubeconfig_readable(config.kubeconfig)
     try:
         kube = KubeClient.from_kubeconfig(config.kubeconfig or None)
     except K8sError as err:
-        log.error("failed to run", err=err)
         raise CLIError(f"failed to create the Kubernetes client: {err}") from err
+    log.info("configuration successfully loaded", config=config_dump_yaml(config))
     proc_root = str(host_path("proc"))
     daemon = Daemon(config, kube=kube, node_name=node_name, proc_root=proc_root)
     try:

@@ -28,11 +28,15 @@ def _apiserver(argv: Sequence[str]) -> int:
 
     p = command_parser(
         "dracpu sim apiserver",
-        "Serve a loopback Kubernetes API server (resource.k8s.io/v1 slices, claims, device "
-        "classes; v1 nodes and pods) on 127.0.0.1 and write a kubeconfig for it. Runs until "
-        "interrupted; prints its URL when listening.",
-        "dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig && "
-        "kubectl --kubeconfig /tmp/kubeconfig get resourceslices",
+        "Serve a loopback Kubernetes API server (resource.k8s.io/v1 slices, claims, claim "
+        "templates, device classes; v1 nodes and pods, with OpenAPI v3 documents for kubectl's "
+        "validation) on 127.0.0.1 and write a kubeconfig for it. Only the API: no scheduler or "
+        "kubelet acts on what you create (dracpu demo --keep-running runs the whole node). "
+        "Runs until interrupted; prints its URL when listening.",
+        "dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
+        "# it serves until Ctrl-C; in another terminal:\n"
+        "kubectl --kubeconfig /tmp/kubeconfig apply -f docs/examples/grouped-claim.yaml\n"
+        "kubectl --kubeconfig /tmp/kubeconfig get resourceclaims,pods",
     )
     p.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 = any free)")
     p.add_argument("--kubeconfig-out", required=True, help="where to write the kubeconfig")

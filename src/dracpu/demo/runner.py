@@ -2,8 +2,9 @@
 
 Steps, each reported on a progress line: start the simulated node (API server, NRI
 runtime with a cgroup tree, kubelet, scheduler) in a temp directory; start `dracpu run` as a
-child process against it; wait for its slices; apply the scenario (claims, then pods); wait
-until every pod runs or is stuck with a reason; delete the pods marked for deletion and wait
+child process against it; wait for its slices; apply the scenario (claim templates and
+claims, then one pod at a time, each waited for until it runs or is stuck with a reason, so
+the same inputs give the same CPUs every run); delete the pods marked for deletion and wait
 for their claims to be unprepared; then read back the published devices, each claim's CPUs
 (from the daemon's ``/debug/state``) and each container's cpuset (from the cgroup tree) and
 print them with the CPU map.
@@ -25,7 +26,9 @@ import trio
 from dracpu.cpumap import render_cpu_map, rows_from_topology
 from dracpu.cpuset import CPUSet
 from dracpu.demo.scenario import Scenario
-from dracpu.sim.node import SimNode, SimNodeError
+from dracpu.sim.apiserver import SimAPIServer
+from dracpu.sim.node import DaemonProcess, SimNode, SimNodeError
+from dracpu.sim.scheduler.templates import generated_claim_names, template_entries
 from dracpu.topology.model import Topology
 
 __all__ = ["DemoError", "DemoOptions", "DemoResult", "run_demo"]
@@ -58,9 +61,29 @@ class DemoResult:
     shared_pool: str = ""
     reserved: str = ""
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
-        return {"slices": self.slices, "claims": self.claims, "containers": self.containers}
+        return {
+            "slices": self.slices,
+            "claims": self.claims,
+            "containers": self.containers,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class _Applied:
+    """What applying the scenario left behind: each pod's problem (if it does not run) and
+    the claims generated for it from templates (pod claim name -> claim name)."""
+
+    problems: dict[str, str] = field(default_factory=dict)
+    generated: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _without_prefix(text: str, prefix: str) -> str:
+    """A message minus the subject the caller already names ("claim ns/x: ...")."""
+    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 class _Progress:
@@ -166,33 +189,55 @@ def _devices_line(slices: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-async def _collect(node: SimNode, scenario: Scenario, problems: dict[str, str]) -> DemoResult:
-    result = DemoResult()
+def _claim_rows(
+    scenario: Scenario, applied: _Applied
+) -> list[tuple[str, list[str], dict[str, Any]]]:
+    """(claim key, pods using it, extra report fields) for every claim: the scenario's own,
+    then those generated from templates, in pod order."""
+    rows: list[tuple[str, list[str], dict[str, Any]]] = []
+    for claim in scenario.claims:
+        ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        users = [
+            _claim_key(p)
+            for p in scenario.pods
+            if p["metadata"]["namespace"] == ns
+            and any(
+                r.get("resourceClaimName") == name for r in p["spec"].get("resourceClaims") or []
+            )
+        ]
+        rows.append((f"{ns}/{name}", users, {}))
+    for pod in scenario.pods:
+        ref = _claim_key(pod)
+        generated = applied.generated.get(ref, {})
+        for pod_claim, template in template_entries(pod):
+            claim_name = generated.get(pod_claim)
+            key = f"{pod['metadata']['namespace']}/{claim_name or f'{pod_claim} of {ref}'}"
+            rows.append((key, [ref], {"pod": ref, "template": template}))
+    return rows
+
+
+async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> DemoResult:
+    result = DemoResult(notes=list(scenario.notes))
     result.slices = node.api.list("resourceslices")
     state = await node.debug_state()
     result.shared_pool = state.get("sharedPool", "")
     result.reserved = state.get("reserved", "")
     held = {c["uid"]: c["cpus"] for c in state.get("claims") or []}
-    for claim in scenario.claims:
-        key = _claim_key(claim)
-        ns, name = key.split("/", 1)
-        live = node.api.get("resourceclaims", name, ns)
-        uid = live["metadata"]["uid"]
+    live = {_claim_key(c): c["metadata"]["uid"] for c in node.api.list("resourceclaims")}
+    explained: set[str] = set()
+    for key, users, extra in _claim_rows(scenario, applied):
         error = None
-        users = [
-            p
-            for p in scenario.pods
-            if any(
-                r.get("resourceClaimName") == name for r in p["spec"].get("resourceClaims") or []
-            )
-        ]
-        for pod in users:
-            problem = problems.get(_claim_key(pod))
+        for ref in users:
+            problem = applied.problems.get(ref)
             if problem is not None:
-                error = problem
-        result.claims[key] = {"cpus": held.get(uid, ""), "error": error}
+                error = _without_prefix(_without_prefix(problem, f"pod {ref}: "), f"claim {key}: ")
+                explained.add(ref)
+        result.claims[key] = {"cpus": held.get(live.get(key, ""), ""), "error": error, **extra}
         if error:
             result.problems.append(f"claim {key}: {error}")
+    for ref, problem in applied.problems.items():
+        if ref not in explained:
+            result.problems.append(f"pod {ref}: {_without_prefix(problem, f'pod {ref}: ')}")
     for ref, st in sorted(node.pod_states().items()):
         if st["phase"] != "Running":
             continue
@@ -207,21 +252,28 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
     w("\nPublished devices:\n")
     for line in _devices_line(result.slices):
         w(line + "\n")
+    width = max((len(k) for k in (*result.claims, *result.containers)), default=0)
+    width = max(width, 28)
     w("\nClaims:\n")
     for key, claim in result.claims.items():
+        origin = (
+            f" [from template {claim['template']} for pod {claim['pod']}]"
+            if claim.get("template")
+            else ""
+        )
         if claim["error"]:
-            w(f"  {key:<28} not allocated: {claim['error']}\n")
+            w(f"  {key:<{width}} not allocated: {claim['error']}{origin}\n")
         elif claim["cpus"]:
             cpus = CPUSet.parse(claim["cpus"])
             numa = CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
             plural = "s" if len(cpus) != 1 else ""
-            w(f"  {key:<28} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa})\n")
+            w(f"  {key:<{width}} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa}){origin}\n")
         else:
-            w(f"  {key:<28} (no CPUs held: unprepared)\n")
+            w(f"  {key:<{width}} (no CPUs held: unprepared){origin}\n")
     w("\nContainers (cpuset read back from the cgroup tree):\n")
     for key, ctr_cpus in result.containers.items():
         kind = "shared pool" if ctr_cpus == result.shared_pool else "exclusive"
-        w(f"  {key:<28} {kind:<12} {ctr_cpus}\n")
+        w(f"  {key:<{width}} {kind:<12} {ctr_cpus}\n")
     w("\nCPU map:\n")
     claims = {k: CPUSet.parse(v["cpus"]) for k, v in result.claims.items() if v["cpus"]}
     w(
@@ -232,93 +284,151 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             reserved=CPUSet.parse(result.reserved),
         )
     )
-    if opts.scenario.notes:
+    if result.notes:
         w("\n")
-        for note in opts.scenario.notes:
+        for note in result.notes:
             w(f"note: {note}\n")
-        w(
-            f"note: this node has {topo.num_cpus} CPU(s); for the whole scenario try another "
-            "machine shape, e.g. dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht\n"
-        )
+
+
+def _sim_node(opts: DemoOptions, workdir: str) -> SimNode:
+    topo = opts.topology
+    mems = CPUSet(sorted(topo.by_numa)).format() or "0"
+    # A fixed seed: generated names and UIDs come out the same on every run.
+    api = SimAPIServer(graceful_pod_deletion=True, seed=0)
+    return SimNode(workdir=workdir, node_cpus=topo.online.format(), node_mems=mems, api=api)
+
+
+def _daemon_args(opts: DemoOptions) -> list[str]:
+    extra = [f"--cpu-device-mode={opts.mode}", f"--group-by={opts.group_by}"]
+    if opts.reserved:
+        extra.append(f"--reserved-cpus={opts.reserved}")
+    return extra
+
+
+async def _start_daemon(node: SimNode, opts: DemoOptions, progress: _Progress) -> DaemonProcess:
+    """``dracpu run`` against the simulated node, ready and with its slices published."""
+    started = time.monotonic()
+    try:
+        daemon = await node.start_daemon(sysfs_root=opts.sysfs_root, extra_args=_daemon_args(opts))
+    except SimNodeError as exc:
+        raise DemoError(str(exc)) from exc
+    progress(
+        f"dracpu run (pid {daemon.process.pid}) ready in "
+        f"{(time.monotonic() - started) * 1000:.0f} ms: registered with the kubelet, "
+        f"synchronized with the runtime, slices published"
+    )
+    devices = sum(len(s["spec"].get("devices") or []) for s in node.api.list("resourceslices"))
+    progress(f"{devices} device(s) published in {opts.mode} mode")
+    return daemon
+
+
+async def _apply(node: SimNode, scenario: Scenario, progress: _Progress) -> _Applied:
+    """Templates and claims first, then each pod, waited for before the next one: the
+    daemon then prepares claims in scenario order, so a run is repeatable."""
+    for template in scenario.templates:
+        await node.create(template)
+    for claim in scenario.claims:
+        await node.create(claim)
+    progress(
+        f"applied scenario: {len(scenario.templates)} claim template(s), "
+        f"{len(scenario.claims)} claim(s), {len(scenario.pods)} pod(s)"
+    )
+    applied = _Applied()
+    for pod in scenario.pods:
+        ref = _claim_key(pod)
+        await node.create(pod)
+        applied.problems.update(await _wait_settled(node, [ref], progress))
+        if template_entries(pod):
+            live = node.api.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
+            applied.generated[ref] = generated_claim_names(live)
+            for pod_claim, claim_name in applied.generated[ref].items():
+                progress(f"pod {ref}: claim {pod_claim} generated from its template: {claim_name}")
+    return applied
+
+
+def _claim_uids_of(node: SimNode, pod: dict[str, Any], applied: _Applied) -> set[str]:
+    ns, ref = pod["metadata"]["namespace"], _claim_key(pod)
+    names = [
+        r["resourceClaimName"]
+        for r in pod["spec"].get("resourceClaims") or []
+        if r.get("resourceClaimName")
+    ]
+    names += list(applied.generated.get(ref, {}).values())
+    return {node.api.get("resourceclaims", name, ns)["metadata"]["uid"] for name in names}
+
+
+async def _delete_marked(
+    node: SimNode, scenario: Scenario, applied: _Applied, progress: _Progress
+) -> None:
+    """Delete the pods the scenario marks (the running ones); wait for their unprepare."""
+    pods = {_claim_key(p): p for p in scenario.pods}
+    for ns, name in scenario.pods_to_delete():
+        ref = f"{ns}/{name}"
+        if ref in applied.problems:
+            continue
+        uids = _claim_uids_of(node, pods[ref], applied)
+        await node.delete_pod(ns, name)
+        if await _wait_gone(node, ref, uids):
+            progress(f"pod {ref} deleted: its claim was unprepared, CPUs back in the pool")
+        else:
+            applied.problems[ref] = "deletion did not finish"
+
+
+def _report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
+    if opts.output == "json":
+        out.write(json.dumps(result.document(), indent=2) + "\n")
+    else:
+        _text_report(opts, result, out)
+
+
+async def _serve_until_signal(
+    node: SimNode, daemon: DaemonProcess, workdir: str, out: TextIO
+) -> None:
+    """``--keep-running``: say how to look at the node, then wait for Ctrl-C."""
+    out.write(
+        f"\nRunning until Ctrl-C. Work directory {workdir}\n"
+        f"  kubectl --kubeconfig {node.kubeconfig} get "
+        "resourceslices,resourceclaims,pods\n"
+        f"  metrics/readyz: {daemon.url}/metrics  {daemon.url}/readyz\n"
+        f"  debug state:    {daemon.debug_url}/debug/state  "
+        f"(dracpu map --url {daemon.debug_url})\n"
+        f"  sockets:        {node.kubelet_root}/plugins_registry/dra.cpu-reg.sock, "
+        f"{node.nri_socket}\n"
+    )
+    out.flush()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            break
+    out.write("Stopping the daemon and the simulated node.\n")
+
+
+async def _run_on(
+    node: SimNode, opts: DemoOptions, workdir: str, out: TextIO, progress: _Progress
+) -> DemoResult:
+    """Every step of the demo on a running simulated node."""
+    progress(
+        f"simulated node {node.node_name}: API server {node.api.url}, NRI runtime "
+        f"{node.nri_socket}, kubelet root {node.kubelet_root}"
+    )
+    daemon = await _start_daemon(node, opts, progress)
+    applied = await _apply(node, opts.scenario, progress)
+    await _delete_marked(node, opts.scenario, applied, progress)
+    result = await _collect(node, opts.scenario, applied)
+    _report(opts, result, out)
+    if opts.keep_running:
+        await _serve_until_signal(node, daemon, workdir, out)
+    return result
 
 
 async def run_demo(opts: DemoOptions, out: TextIO) -> DemoResult:
     """Run the demo; writes progress and the report (text) or the JSON document to ``out``."""
     progress = _Progress(out, opts.output == "text")
     workdir = opts.workdir or tempfile.mkdtemp(prefix="dracpu-demo-", dir="/tmp")
-    topo = opts.topology
-    mems = CPUSet(sorted(topo.by_numa)).format() or "0"
-    node = SimNode(workdir=workdir, node_cpus=topo.online.format(), node_mems=mems)
-    extra = [f"--cpu-device-mode={opts.mode}", f"--group-by={opts.group_by}"]
-    if opts.reserved:
-        extra.append(f"--reserved-cpus={opts.reserved}")
+    node = _sim_node(opts, workdir)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
-            progress(
-                f"simulated node {node.node_name}: API server {node.api.url}, NRI runtime "
-                f"{node.nri_socket}, kubelet root {node.kubelet_root}"
-            )
-            started = time.monotonic()
-            try:
-                daemon = await node.start_daemon(sysfs_root=opts.sysfs_root, extra_args=extra)
-            except SimNodeError as exc:
-                raise DemoError(str(exc)) from exc
-            progress(
-                f"dracpu run (pid {daemon.process.pid}) ready in "
-                f"{(time.monotonic() - started) * 1000:.0f} ms: registered with the kubelet, "
-                f"synchronized with the runtime, slices published"
-            )
-            devices = sum(
-                len(s["spec"].get("devices") or []) for s in node.api.list("resourceslices")
-            )
-            progress(f"{devices} device(s) published in {opts.mode} mode")
-            for claim in opts.scenario.claims:
-                await node.create(claim)
-            for pod in opts.scenario.pods:
-                await node.create(pod)
-            progress(
-                f"applied scenario: {len(opts.scenario.claims)} claim(s), "
-                f"{len(opts.scenario.pods)} pod(s)"
-            )
-            pod_refs = [_claim_key(p) for p in opts.scenario.pods]
-            problems = await _wait_settled(node, pod_refs, progress)
-            for ns, name in opts.scenario.pods_to_delete():
-                ref = f"{ns}/{name}"
-                if ref in problems:
-                    continue
-                uids = {
-                    node.api.get("resourceclaims", r["resourceClaimName"], ns)["metadata"]["uid"]
-                    for p in opts.scenario.pods
-                    if _claim_key(p) == ref
-                    for r in p["spec"].get("resourceClaims") or []
-                }
-                await node.delete_pod(ns, name)
-                if await _wait_gone(node, ref, uids):
-                    progress(f"pod {ref} deleted: its claim was unprepared, CPUs back in the pool")
-                else:
-                    problems[ref] = "deletion did not finish"
-            result = await _collect(node, opts.scenario, problems)
-            if opts.output == "json":
-                out.write(json.dumps(result.document(), indent=2) + "\n")
-            else:
-                _text_report(opts, result, out)
-            if opts.keep_running:
-                out.write(
-                    f"\nRunning until Ctrl-C. Work directory {workdir}\n"
-                    f"  kubectl --kubeconfig {node.kubeconfig} get "
-                    "resourceslices,resourceclaims,pods\n"
-                    f"  metrics/readyz: {daemon.url}/metrics  {daemon.url}/readyz\n"
-                    f"  debug state:    {daemon.debug_url}/debug/state  "
-                    f"(dracpu map --url {daemon.debug_url})\n"
-                    f"  sockets:        {node.kubelet_root}/plugins_registry/dra.cpu-reg.sock, "
-                    f"{node.nri_socket}\n"
-                )
-                out.flush()
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        break
-                out.write("Stopping the daemon and the simulated node.\n")
+            result = await _run_on(node, opts, workdir, out, progress)
             nursery.cancel_scope.cancel()
         return result
     finally:

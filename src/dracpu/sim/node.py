@@ -325,7 +325,8 @@ class SimNode:
     # -- workloads --------------------------------------------------------------------------
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create a Pod or ResourceClaim through the real client, as kubectl would."""
+        """Create a Pod, ResourceClaim or ResourceClaimTemplate through the real client, as
+        kubectl would."""
         assert self.kube is not None
         kube = self.kube
         ns = obj["metadata"].get("namespace", "default")
@@ -333,6 +334,10 @@ class SimNode:
             raw = await kube.call_raw(kube.core.create_namespaced_pod, ns, obj)
         elif obj["kind"] == "ResourceClaim":
             raw = await kube.call_raw(kube.resource.create_namespaced_resource_claim, ns, obj)
+        elif obj["kind"] == "ResourceClaimTemplate":
+            raw = await kube.call_raw(
+                kube.resource.create_namespaced_resource_claim_template, ns, obj
+            )
         else:
             raise SimNodeError(f"cannot create a {obj['kind']}")
         created: dict[str, Any] = json.loads(raw)

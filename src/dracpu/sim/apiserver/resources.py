@@ -73,6 +73,15 @@ RESOURCE_CLAIMS = ResourceType(
     namespaced=True,
     has_status=True,
 )
+RESOURCE_CLAIM_TEMPLATES = ResourceType(
+    group="resource.k8s.io",
+    version="v1",
+    plural="resourceclaimtemplates",
+    singular="resourceclaimtemplate",
+    kind="ResourceClaimTemplate",
+    namespaced=True,
+    has_status=False,
+)
 DEVICE_CLASSES = ResourceType(
     group="resource.k8s.io",
     version="v1",
@@ -118,6 +127,7 @@ PODS = ResourceType(
 RESOURCES: tuple[ResourceType, ...] = (
     RESOURCE_SLICES,
     RESOURCE_CLAIMS,
+    RESOURCE_CLAIM_TEMPLATES,
     DEVICE_CLASSES,
     NODES,
     PODS,

@@ -4,8 +4,12 @@ One round (``schedule_once``) does what kube-scheduler's DRA plugin and the reso
 controller do for a one-node cluster:
 
 1. release: reservations of pods that are gone (or finished) are dropped from
-   ``status.reservedFor``; a claim reserved for nobody is deallocated;
-2. schedule: every pod without ``spec.nodeName`` gets its claims (named by
+   ``status.reservedFor``; a claim reserved for nobody is deallocated, and deleted when it
+   was generated for a pod that is gone, replaced or done;
+2. generate: a pod's ``resourceClaimTemplateName`` entries get a claim made from the
+   template and owned by the pod, its name recorded in ``status.resourceClaimStatuses``
+   (``templates.py`` says how the resourceclaim controller shapes it);
+3. schedule: every pod without ``spec.nodeName`` gets its claims (named by
    ``resourceClaimName``, or by the claim recorded in ``status.resourceClaimStatuses``
    for a template) allocated with the pure ``allocate`` — all of a pod's claims or none —
    then ``status.allocation`` and ``status.reservedFor`` are written through the status
@@ -32,6 +36,13 @@ import trio
 from dracpu.k8s.client import Conflict, K8sError, KubeClient, NotFound
 from dracpu.sim.scheduler.allocator import UnsatisfiableClaim, allocate
 from dracpu.sim.scheduler.devices import AllocatedDevices
+from dracpu.sim.scheduler.templates import (
+    claim_from_template,
+    find_generated_claim,
+    generated_claim_names,
+    owning_pod,
+    template_entries,
+)
 
 __all__ = ["ScheduleOutcome", "Scheduler"]
 
@@ -60,6 +71,15 @@ def _ref(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+def _pod_done(pod: Obj) -> bool:
+    """No container of the pod runs or will run (isPodDone of the resourceclaim controller)."""
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return True
+    return bool(
+        pod["metadata"].get("deletionTimestamp") and not (pod.get("spec") or {}).get("nodeName")
+    )
+
+
 def _items(raw: bytes) -> list[Obj]:
     items: list[Obj] = json.loads(raw).get("items") or []
     return items
@@ -77,7 +97,10 @@ class _Round:
     claims: dict[tuple[str, str], Obj]
     slices: list[Obj]
     classes: dict[str, Obj]
+    templates: dict[tuple[str, str], Obj] = field(default_factory=dict)
     allocated: AllocatedDevices = field(default_factory=AllocatedDevices)
+    # Pod ref -> why its claims could not be generated from a template (this round).
+    template_problems: dict[str, str] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -130,17 +153,23 @@ class Scheduler:
         claims = _items(await api.call_raw(api.resource.list_resource_claim_for_all_namespaces))
         slices = _items(await api.call_raw(api.resource.list_resource_slice))
         classes = _items(await api.call_raw(api.resource.list_device_class))
+        templates = _items(
+            await api.call_raw(api.resource.list_resource_claim_template_for_all_namespaces)
+        )
         return _Round(
             pods=pods,
             claims={(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims},
             slices=slices,
             classes={c["metadata"]["name"]: c for c in classes},
+            templates={(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in templates},
         )
 
     async def schedule_once(self) -> list[ScheduleOutcome]:
         """One release + schedule round; returns what happened in it."""
         state = await self._read()
         outcomes = await self._release(state)
+        await self._delete_unused_generated(state)
+        await self._generate_claims(state)
         state.allocated = AllocatedDevices.from_claims(state.claims.values())
         pending = [
             p
@@ -211,6 +240,83 @@ class Scheduler:
                 )
         return outcomes
 
+    async def _delete_unused_generated(self, state: _Round) -> None:
+        """Generated claims reserved for nobody whose pod is gone, replaced or done (what
+        the resourceclaim controller and the garbage collector do together)."""
+        pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in state.pods}
+        api = self.api
+        for key, claim in list(state.claims.items()):
+            owner = owning_pod(claim)
+            if owner is None or (claim.get("status") or {}).get("reservedFor"):
+                continue
+            pod = pods.get((key[0], owner[0]))
+            if pod is not None and pod["metadata"]["uid"] == owner[1] and not _pod_done(pod):
+                continue
+            with contextlib.suppress(NotFound):
+                await api.call_raw(api.resource.delete_namespaced_resource_claim, key[1], key[0])
+            del state.claims[key]
+
+    async def _generate_claims(self, state: _Round) -> None:
+        """Claims from templates for every pod that still needs one (the resourceclaim
+        controller's job); the pod's status then names them."""
+        for pod in state.pods:
+            if _pod_done(pod) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            entries = template_entries(pod)
+            known = generated_claim_names(pod)
+            missing = [(c, t) for c, t in entries if c not in known]
+            if not missing:
+                continue
+            try:
+                for pod_claim, template_name in missing:
+                    known[pod_claim] = await self._generated_claim(
+                        state, pod, pod_claim, template_name
+                    )
+            except _PodUnschedulable as exc:
+                state.template_problems[_ref(pod)] = str(exc)
+                continue
+            statuses = [{"name": c, "resourceClaimName": known[c]} for c, _ in entries]
+            api = self.api
+            try:
+                await api.call_raw(
+                    api.core.patch_namespaced_pod_status,
+                    pod["metadata"]["name"],
+                    pod["metadata"]["namespace"],
+                    {"status": {"resourceClaimStatuses": statuses}},
+                )
+            except NotFound:
+                continue  # deleted meanwhile; its claims go with it
+            pod.setdefault("status", {})["resourceClaimStatuses"] = statuses
+
+    async def _generated_claim(
+        self, state: _Round, pod: Obj, pod_claim: str, template_name: str
+    ) -> str:
+        """The name of the pod's claim for ``pod_claim``: found, or created from the template."""
+        ns = pod["metadata"]["namespace"]
+        existing = find_generated_claim(state.claims.values(), pod, pod_claim)
+        if existing is not None:
+            return str(existing["metadata"]["name"])
+        template = state.templates.get((ns, template_name))
+        if template is None:
+            raise _PodUnschedulable(
+                f'pod claim {pod_claim!r}: resourceclaimtemplate "{ns}/{template_name}" not found'
+            )
+        api = self.api
+        try:
+            raw = await api.call_raw(
+                api.resource.create_namespaced_resource_claim,
+                ns,
+                claim_from_template(pod, pod_claim, template),
+            )
+        except K8sError as exc:
+            raise _PodUnschedulable(
+                f"pod claim {pod_claim!r}: create ResourceClaim from template "
+                f'"{ns}/{template_name}": {exc}'
+            ) from exc
+        created: Obj = json.loads(raw)
+        state.claims[(ns, created["metadata"]["name"])] = created
+        return str(created["metadata"]["name"])
+
     # ---- schedule -----------------------------------------------------------------------
 
     def _pod_claims(self, state: _Round, pod: Obj) -> list[Obj]:
@@ -227,10 +333,9 @@ class Scheduler:
                 name = statuses.get(pod_claim)
                 if not name:
                     raise _PodUnschedulable(
-                        f"pod claim {pod_claim!r} uses resourceClaimTemplateName "
-                        f"{entry['resourceClaimTemplateName']!r}, and no ResourceClaim was "
-                        "created from it (the simulated node has no resourceclaim controller; "
-                        "create the claim and use resourceClaimName)"
+                        state.template_problems.get(_ref(pod))
+                        or f"pod claim {pod_claim!r}: waiting for its ResourceClaim to be "
+                        f"generated from {entry['resourceClaimTemplateName']!r}"
                     )
             if not name:
                 raise _PodUnschedulable(f"pod claim {pod_claim!r} names no ResourceClaim")
