@@ -244,7 +244,8 @@ def topology(fixture: str) -> Topology:
 
 
 def test_table_covers_every_fixture() -> None:
-    assert sorted(c.fixture for c in CASES) == sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+    machines = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+    assert sorted(c.fixture for c in CASES) == machines
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.fixture)

@@ -1,5 +1,6 @@
-"""ResourceSlice reconciliation (behavior.md §6.4): the pure planner, the backoff schedule,
-and SliceReconciler against the loopback API server through the real kubernetes client.
+"""ResourceSlice reconciliation (behavior.md §6.4): the pure planner and cache check, the
+backoff schedule, and SliceReconciler against the loopback API server through the real
+kubernetes client.
 
 Every test with a retry or backoff runs under ``MockClock(autojump_threshold=0)`` (the
 ``autojump_clock`` fixture): the reconciler's waits are Trio's, so the schedule is checked
@@ -17,7 +18,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,14 @@ import trio.testing
 
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
-from dracpu.k8s.slices import Plan, SliceReconciler, SliceUpdate, backoff_delay, plan_reconcile
+from dracpu.k8s.slices import (
+    Plan,
+    SliceReconciler,
+    SliceUpdate,
+    cache_in_sync,
+    plan_reconcile,
+    slice_digest,
+)
 from dracpu.logs import setup_logging
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.topology import discover_from_root
@@ -234,19 +242,79 @@ def test_plan_does_not_mutate_inputs() -> None:
     assert (want, existing) == snapshot
 
 
+# -- the cache check agrees with the planner ---------------------------------------------------
+
+
+def _cases() -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], int | None]]:
+    want = desired("epyc-2s-768", "individual")
+    same = existing_from(want, 3)
+    changed = existing_from(want, 3)
+    changed[2]["spec"]["devices"] = changed[2]["spec"]["devices"][:5]
+    owner = existing_from(want, 3)
+    owner[1]["metadata"]["ownerReferences"][0]["uid"] = "old"
+    missing = existing_from(want, 3)[:-1]
+    mixed = existing_from(want, 3)
+    mixed[0]["spec"]["pool"]["generation"] = 2
+    dup = [*existing_from(want, 3), copy.deepcopy(existing_from(want, 3)[0])]
+    dup[-1]["metadata"]["name"] = "00000-dra.cpu-node-a-zzzzz"
+    stray = [*existing_from(want, 3), copy.deepcopy(existing_from(want, 3)[0])]
+    stray[-1]["metadata"]["name"] = "00009-dra.cpu-node-a-zzzzz"
+    grouped = desired("epyc-2s-768", "grouped")
+    return [
+        ("unchanged", want, same, 3),
+        ("unchanged, nothing written yet", want, same, None),
+        ("older than the generation written", want, same, 4),
+        ("content changed", want, changed, 3),
+        ("owner changed", want, owner, 3),
+        ("slice missing", want, missing, 3),
+        ("two generations", want, mixed, 3),
+        ("duplicate", want, dup, 3),
+        ("stray index", want, stray, 3),
+        ("nothing exists", want, [], None),
+        ("other pool shape", grouped, same, 3),
+        ("nothing desired, nothing there", [], [], 3),
+        ("nothing desired, slices there", [], same, 3),
+    ]
+
+
+@pytest.mark.parametrize(("case", "want", "existing", "generation"), _cases())
+def test_cache_in_sync_is_an_empty_plan(
+    case: str, want: list[dict[str, Any]], existing: list[dict[str, Any]], generation: int | None
+) -> None:
+    digests = [d for d in (slice_digest(e) for e in existing) if d is not None]
+    plan = plan_reconcile(want, existing, current_generation=generation)
+    assert cache_in_sync(want, digests, current_generation=generation) == plan.empty, case
+
+
+def test_slice_digest_ignores_server_metadata_and_generation() -> None:
+    want = desired("xeon-2s-ht", "grouped")
+    a, b = existing_from(want, 1)[0], existing_from(want, 7)[0]
+    b["metadata"]["resourceVersion"] = "99"
+    b["metadata"]["managedFields"] = [{"manager": "x"}]
+    da, db = slice_digest(a), slice_digest(b)
+    assert da is not None and db is not None
+    assert da.content == db.content
+    assert (da.generation, db.generation, db.resource_version) == (1, 7, "99")
+    b["spec"]["devices"] = []
+    assert slice_digest(b).content != da.content  # type: ignore[union-attr]
+    assert slice_digest({"spec": {}}) is None
+
+
 # -- backoff schedule ------------------------------------------------------------------------
 
 
-def test_backoff_delay_grows_caps_and_jitters() -> None:
-    top = [backoff_delay(a, base=0.5, cap=30.0, rand=lambda: 1.0) for a in range(9)]
-    assert top == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    assert backoff_delay(3, base=0.5, cap=30.0, rand=lambda: 0.0) == 2.0
-    assert backoff_delay(10_000, base=0.5, cap=30.0, rand=lambda: 0.5) == 22.5
+def test_retry_delays_are_the_shared_backoff_and_honour_retry_after() -> None:
+    def delays(rand: float, retry_after: float | None, attempts: int = 9) -> list[float]:
+        r = SliceReconciler(None, node_name=NODE, desired=[], rand=lambda: rand)  # type: ignore[arg-type]
+        return [r._retry_delay(a, retry_after) for a in range(attempts)]
 
-
-def test_backoff_delay_rejects_negative_attempt() -> None:
-    with pytest.raises(ValueError, match=r"^backoff attempt must be >= 0, got -1$"):
-        backoff_delay(-1, base=0.5, cap=30.0)
+    assert delays(1.0, None) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert delays(0.0, None, 4)[3] == 2.0
+    assert delays(0.5, None, 10_001)[10_000] == 22.5
+    # Retry-After: never sooner than asked, spread over one more interval, capped at 30 s
+    assert delays(0.0, 1.0, 3) == [1.0, 1.0, 1.0]
+    assert delays(0.5, 1.0, 4) == [1.5, 1.5, 1.5, 3.0]
+    assert delays(0.5, 600.0, 1) == [45.0]
 
 
 class FlakyReconciler(SliceReconciler):
@@ -293,6 +361,10 @@ def test_constructor_rejects_bad_settings() -> None:
         SliceReconciler(None, node_name=NODE, desired=[], backoff_base=2.0, backoff_cap=1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^watch timeout must be >= 1 second, got 0.5$"):
         SliceReconciler(None, node_name=NODE, desired=[], watch_timeout=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^watch idle timeout must be >= 1 second, got 0.5$"):
+        SliceReconciler(None, node_name=NODE, desired=[], watch_idle_timeout=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^reconnect spread must be >= 0 seconds, got -1$"):
+        SliceReconciler(None, node_name=NODE, desired=[], reconnect_spread=-1)  # type: ignore[arg-type]
 
 
 # -- publication against the loopback server -------------------------------------------------
@@ -450,8 +522,8 @@ async def test_kubectl_sees_the_published_pool(
         # each failed create fails the whole sync, which lists again and starts over
         ("create", 409, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
         ("create", 500, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
-        # Retry-After: 1 is honoured when it is longer than the backoff
-        ("list", 429, False, 5, [1.0, 1.0, 2.0, 4.0, 8.0], 6),
+        # Retry-After: 1, spread into [1, 2) s, is honoured when longer than the backoff
+        ("list", 429, False, 5, [2.0, 2.0, 2.0, 4.0, 8.0], 6),
         ("list", 503, False, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 6),
         # a POST whose connection drops is not retried by urllib3 (it may have happened)
         ("create", 0, True, 5, [0.5, 1.0, 2.0, 4.0, 8.0], 11),
@@ -706,13 +778,88 @@ async def test_watch_410_status_relists(
 ) -> None:
     server, kube = sim
     server.faults.inject("watch", "resourceslices", 1, status=410)
-    r = reconciler(kube, desired("xeon-2s-ht", "individual"))
+    sleeps = Sleeps()
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps, reconnect_spread=3.0)
     await nursery.start(r.run)
     await until(lambda: r.relists == 1 and r.watch_requests == 2, "relist, watch again")
     await watching(server, r)
     assert r.sync_reasons == {"start": 1, "relist": 1}
     assert r.watch_errors == 0
     assert server.calls.get("list", "resourceslices") == 2
+    assert sleeps.delays == [3.0]  # the relist waited a random part of the spread
+    nursery.cancel_scope.cancel()
+
+
+async def test_watch_429_waits_for_retry_after(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    server.faults.inject("watch", "resourceslices", 2, status=429)
+    sleeps = Sleeps()
+    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps)
+    await nursery.start(r.run)
+    await watching(server, r)
+    # Retry-After: 1 spread to the top of [1, 2); the backoff alone would be 0.5, 1.0
+    assert sleeps.delays == [2.0, 2.0]
+    assert (r.watch_errors, r.relists, r.sync_reasons) == (2, 0, {"start": 1})
+    nursery.cancel_scope.cancel()
+
+
+async def test_periodic_resync_answers_from_the_cache_while_watching(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    """As an informer's resync: no API call at rest, whatever the interval."""
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want, resync_interval=5.0)
+    await nursery.start(r.run)
+    await until(lambda: r.watch_streaming and r.watch_events == 6, "our creates seen")
+    lists, resyncs = server.calls.get("list", "resourceslices"), r.cache_resyncs
+    await trio.sleep(120)
+    assert r.cache_resyncs >= resyncs + 20
+    assert server.calls.get("list", "resourceslices") == lists
+    assert server.calls.get("watch", "resourceslices") == 1
+    # an external change still converges, through the watch, and the cache follows
+    server.delete("resourceslices", published(server)[1]["metadata"]["name"])
+    await until(lambda: r.generation == 2 and r.cache_in_sync(), "repaired, cache current")
+    assert r.sync_reasons["watch"] == 1
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()
+
+
+async def test_periodic_resync_lists_without_a_watch(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    r = reconciler(kube, desired("xeon-2s-ht", "grouped"), resync_interval=5.0, watch=False)
+    await nursery.start(r.run)
+    await until(lambda: server.calls.get("list", "resourceslices") >= 5, "four resyncs")
+    assert r.cache_resyncs == 0
+    assert r.sync_reasons["resync"] >= 4
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_resync_is_not_retried_until_the_next_interval(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    server, kube = sim
+    sleeps = Sleeps()
+    r = reconciler(
+        kube, desired("xeon-2s-ht", "grouped"), resync_interval=10.0, watch=False, sleep=sleeps
+    )
+    await nursery.start(r.run)
+    server.faults.inject("list", "resourceslices", 1, status=503)
+    await until(lambda: r.sync_reasons["resync"] == 2, "two resyncs")
+    await until(lambda: r.last_error is None, "the second one succeeded")
+    assert (r.errors, sleeps.delays) == (1, [])
     nursery.cancel_scope.cancel()
 
 
@@ -729,7 +876,7 @@ async def test_dropped_watch_resumes_without_losing_events(
     await watching(server, r)
     await until(lambda: r.watch_events == 6, "our creates seen")
     # The next 4 watch requests are dropped too: urllib3 retries the GET 3 times at
-    # once, so one reconnect fails and is backed off.
+    # once, so one reconnect fails.
     server.faults.inject("watch", "resourceslices", 4, drop_connection=True)
     assert server.end_watches(drop=True) == 1
     await until(lambda: r.watch_errors == 1, "the dropped stream noticed")
@@ -739,7 +886,9 @@ async def test_dropped_watch_resumes_without_losing_events(
     await until(lambda: r.sync_reasons["watch"] == 1, "the repair")
     await until(lambda: len(published(server)) == 6, "6 slices")
     assert r.watch_errors == 2  # the dropped stream, then the dropped reconnect
-    assert sleeps.delays == [0.5, 1.0]
+    # the open stream broke: reconnect within the spread (5 s, rand pinned to the top);
+    # that reconnect failed before any answer: the backoff
+    assert sleeps.delays == [5.0, 0.5]
     assert r.relists == 0
     assert server.faults.pending() == 0
     await trio.testing.wait_all_tasks_blocked()
@@ -781,6 +930,7 @@ async def test_resync_converges_when_the_watch_is_unavailable(
     assert r.sync_reasons["resync"] >= 1
     assert "watch" not in r.sync_reasons
     assert r.status()["watch"]["connected"] is False
+    assert r.status()["watch"]["state"] == "refused"
     assert_matches(server, want, 2)
     nursery.cancel_scope.cancel()
 
@@ -847,3 +997,54 @@ async def test_each_publication_carries_one_operation_id(
     assert ours[-1]["msg"] == "end: PublishResources"
     assert any(x["msg"].startswith("resourceslices: generation 1, 1 created") for x in ours)
     assert len({x["opID"] for x in ours}) == 1
+
+
+async def test_a_silent_watch_ends_after_the_idle_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """No bookmark, no event: after ``watch_idle_timeout`` the watch is assumed dead and
+    opened again from its version (real clock: the read timeout is the socket's)."""
+    server = SimAPIServer(seed=5, bookmark_interval=math.inf, max_watch_seconds=math.inf)
+    await nursery.start(server.serve)
+    kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    r = reconciler(
+        kube, desired("xeon-2s-ht", "grouped"), watch_idle_timeout=1.0, reconnect_spread=0
+    )
+    await nursery.start(r.run)
+    with trio.fail_after(20):
+        while r.watch_requests < 3:
+            await trio.sleep(0.05)
+    assert r.watch_errors >= 2
+    assert r.relists == 0
+    assert server.calls.get("list", "resourceslices") == 1
+    nursery.cancel_scope.cancel()
+    kube.close()
+
+
+async def test_api_server_restart_costs_one_relist_and_no_resync(
+    autojump_clock: trio.testing.MockClock,
+    sim: tuple[SimAPIServer, KubeClient],
+    nursery: trio.Nursery,
+) -> None:
+    """Down for a minute (longer than two resync intervals): the resync leaves the
+    recovery to the watch, which relists once when the server is back."""
+    server, kube = sim
+    want = desired("epyc-2s-768", "individual")
+    r = reconciler(kube, want, resync_interval=20.0, reconnect_spread=2.0)
+    await nursery.start(r.run)
+    await until(lambda: r.watch_streaming, "watching")
+    port = server.port or 0
+    server.stop()
+    server.delete("resourceslices", published(server)[3]["metadata"]["name"])
+    server.store.compact()  # the restarted server's watch cache starts now
+    await until(lambda: r.watch_errors >= 2, "the broken stream and a refused reconnect")
+    await trio.sleep(60)
+    assert "resync" not in r.sync_reasons
+    assert r.status()["watch"]["state"] == "unreachable"
+    await nursery.start(partial(server.serve, port=port))
+    await until(lambda: r.watch_streaming and r.generation == 2, "relisted, repaired, watching")
+    assert r.relists == 1
+    assert r.sync_reasons == {"start": 1, "relist": 1}
+    assert server.calls.get("list", "resourceslices") == 2
+    assert_matches(server, want, 2)
+    nursery.cancel_scope.cancel()

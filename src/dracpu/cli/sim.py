@@ -2,7 +2,7 @@
 
 Each part is one entry of `SIM_SUBCOMMANDS` (name → handler taking the words after the
 name); the usage line and the unknown-subcommand error list them in that order. A new part
-(such as `dracpu sim fleet`, calling `dracpu.sim.fleet.main(argv)`) is one more entry.
+is one more entry; `fleet` runs many nodes' slice reconcilers against one API server.
 """
 
 from __future__ import annotations
@@ -48,9 +48,16 @@ def _apiserver(argv: Sequence[str]) -> int:
     return 0
 
 
+def _fleet(argv: Sequence[str]) -> int:
+    from dracpu.sim.fleet.cli import main as fleet_main
+
+    return fleet_main(list(argv))
+
+
 SIM_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "apiserver": _apiserver,
     "runtime": _runtime,
+    "fleet": _fleet,
 }
 
 

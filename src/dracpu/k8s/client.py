@@ -48,13 +48,24 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class K8sError(Exception):
-    """A failed API call. ``str()`` is the server's Status message when it sent one."""
+    """A failed API call. ``str()`` is the server's Status message when it sent one.
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+    ``retry_after`` is the server's ``Retry-After`` in seconds when it sent one with a 429
+    or a 5xx answer (the codes client-go's ``checkWait`` honours it for), else None."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        reason: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
 
 class NotFound(K8sError):
@@ -82,8 +93,7 @@ class TooManyRequests(K8sError):
         reason: str = "",
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message, status=status, reason=reason)
-        self.retry_after = retry_after
+        super().__init__(message, status=status, reason=reason, retry_after=retry_after)
 
 
 class ServerError(K8sError):
@@ -112,13 +122,15 @@ def _status_fields(body: str | bytes | None) -> tuple[str, str]:
 
 
 def _retry_after(exc: ApiException) -> float | None:
+    """The ``Retry-After`` header in seconds; None when absent, not a number of seconds
+    (an HTTP date is not honoured, as in client-go) or negative."""
     headers = exc.headers or {}
     raw = headers.get("Retry-After") if hasattr(headers, "get") else None
     try:
         value = float(raw) if raw is not None else None
     except ValueError:
         return None
-    return value if value is not None and math.isfinite(value) else None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def translate_error(exc: BaseException) -> K8sError:
@@ -145,7 +157,7 @@ def translate_error(exc: BaseException) -> K8sError:
         if code == 0:
             return ConnectionFailed(message, status=None, reason=reason)
         if code >= 500:
-            return ServerError(message, status=code, reason=reason)
+            return ServerError(message, status=code, reason=reason, retry_after=_retry_after(exc))
         return K8sError(message, status=code, reason=reason)
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return ConnectionFailed(f"connection to the API server failed: {exc}")

@@ -7,15 +7,23 @@ shell: list, apply the plan, retry API errors with backoff; then re-converge for
 of the process when a watch on our slices reports a change we did not make, on a
 periodic resync, and on ``trigger()``. On shutdown the slices are left in place (the
 kubelet removes them once the plugin is gone, protocols.md §2.6).
+
+What it costs the API server at rest (docs/scale.md): the watch keeps a cache of our
+slices (``SliceDigest``: name, version, generation and a digest of what we own), and
+the periodic resync, like a client-go informer's, replays that cache instead of calling
+the API (``cache_in_sync``): it lists only when the watch is down. Watches are long
+(``watch_timeout``) and kept alive by the server's bookmarks; a watch that breaks after
+it was established, and a relist after 410 Gone, wait a random part of
+``reconnect_spread`` first, so that a fleet hit by the same event (an API server
+restart, every watch dropped) does not come back in the same second; a 429 or 5xx with
+``Retry-After`` is honoured, spread the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
+import enum
+import hashlib
 import logging
-import math
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -26,16 +34,27 @@ import msgspec
 import trio
 
 from dracpu import DRIVER_NAME
-from dracpu.k8s.client import Gone, K8sError, KubeClient, NotFound, TooManyRequests
+from dracpu.k8s.client import (
+    ConnectionFailed,
+    Gone,
+    K8sError,
+    KubeClient,
+    NotFound,
+    TooManyRequests,
+)
 from dracpu.k8s.watch import WatchEvent, WatchStream, watch_once
 from dracpu.logs import operation
+from dracpu.nursery.backoff import restart_delay, retry_after_delay
 
 __all__ = [
     "Plan",
+    "SliceDigest",
     "SliceReconciler",
     "SliceUpdate",
-    "backoff_delay",
+    "cache_in_sync",
+    "content_digest",
     "plan_reconcile",
+    "slice_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,8 +92,14 @@ def _name(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 
 
+def _clone(obj: Mapping[str, Any]) -> Obj:
+    # A JSON round trip: a deep copy of JSON-shaped data at a fraction of copy.deepcopy's
+    # cost (a 768-device pool is some 280 kB of JSON).
+    return msgspec.json.decode(msgspec.json.encode(obj))  # type: ignore[no-any-return]
+
+
 def _with_generation(desired: Mapping[str, Any], generation: int) -> Obj:
-    body = copy.deepcopy(dict(desired))
+    body = _clone(desired)
     body["spec"]["pool"]["generation"] = generation
     return body
 
@@ -161,7 +186,7 @@ def plan_reconcile(
 
 def _update(existing: Mapping[str, Any], wanted: Obj) -> SliceUpdate:
     meta = existing.get("metadata", {})
-    body = copy.deepcopy(wanted)
+    body = wanted  # already a fresh copy (_with_generation)
     body["metadata"].pop("generateName", None)
     body["metadata"]["name"] = str(meta.get("name", ""))
     body["metadata"]["resourceVersion"] = str(meta.get("resourceVersion", ""))
@@ -172,28 +197,117 @@ def _update(existing: Mapping[str, Any], wanted: Obj) -> SliceUpdate:
     )
 
 
-def backoff_delay(
-    attempt: int, *, base: float, cap: float, rand: Callable[[], float] = random.random
-) -> float:
-    """Seconds to wait before retry ``attempt`` (0-based): exponential, capped, then
-    jittered into [50 %, 100 %] of that so that many nodes do not retry in lockstep."""
-    if attempt < 0:
-        raise ValueError(f"backoff attempt must be >= 0, got {attempt}")
-    # 2**attempt overflows a float long after the cap is reached; stop growing early.
-    ceiling = cap if attempt > 62 else min(cap, base * math.ldexp(1.0, attempt))
-    return ceiling * (0.5 + 0.5 * rand())
+@dataclass(frozen=True, slots=True)
+class SliceDigest:
+    """What the reconciler remembers of one of its slices: enough to tell, without the
+    API, whether ``plan_reconcile`` would find anything to do."""
+
+    name: str
+    resource_version: str
+    generation: int
+    content: bytes  # content_digest(): spec without the generation, owner references
+
+
+def content_digest(obj: Mapping[str, Any]) -> bytes:
+    """A digest of what ``plan_reconcile`` compares (the spec and the owner references),
+    the pool generation left out: a slice and the desired slice it matches have equal
+    digests exactly when they differ at most in generation."""
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping) and isinstance(spec.get("pool"), Mapping):
+        spec = {**spec, "pool": {**spec["pool"], "generation": 0}}
+    meta = obj.get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    encoded = msgspec.json.encode([spec, owners], order="sorted")
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def slice_digest(obj: Mapping[str, Any]) -> SliceDigest | None:
+    """The digest of a slice as the server returned it; None without a name."""
+    name = _name(obj)
+    if not name:
+        return None
+    rv = obj.get("metadata", {}).get("resourceVersion", "")
+    return SliceDigest(name, str(rv), _generation(obj), content_digest(obj))
+
+
+def cache_in_sync(
+    desired: Sequence[Mapping[str, Any]],
+    cached: Sequence[SliceDigest],
+    *,
+    current_generation: int | None,
+    desired_digests: Sequence[bytes] | None = None,
+) -> bool:
+    """Whether ``plan_reconcile(desired, <the slices cached stands for>)`` is empty: one
+    slice per desired index, no strays, all at one generation no older than the last one
+    written, each with the wanted content. ``desired_digests`` (``content_digest`` of
+    each desired slice) saves computing them again."""
+    if not desired:
+        return not cached
+    if len(cached) != len(desired):
+        return False
+    generations = {c.generation for c in cached}
+    if len(generations) != 1:
+        return False
+    (generation,) = generations
+    if generation <= 0 or (current_generation is not None and generation < current_generation):
+        return False
+    prefixes = [str(d["metadata"]["generateName"]) for d in desired]
+    wanted = (
+        list(desired_digests)
+        if desired_digests is not None
+        else [content_digest(d) for d in desired]
+    )
+    seen: set[int] = set()
+    for c in cached:
+        index = _match_index(c.name, prefixes)
+        if index is None or index in seen or c.content != wanted[index]:
+            return False
+        seen.add(index)
+    return True
+
+
+def _not_older(new: str, old: str) -> bool:
+    # Resource versions are opaque strings to clients; the API server's are etcd
+    # revisions, so compare them as numbers when both are, and trust order otherwise.
+    try:
+        return int(new) >= int(old)
+    except ValueError:
+        return True
 
 
 Sleep = Callable[[float], Awaitable[None]]
 
 # Why a sync ran, most important first: a sync woken for several reasons counts as the
-# first of them ("resync" when only the interval ran out).
+# first of them ("resync" when only the interval ran out and the cache could not answer).
 _REASONS = ("relist", "desired", "trigger", "watch")
 # Our own writes remembered to recognise their watch events; far more than one sync makes.
 _OWN_WRITES_KEPT = 4096
 # A watch that ends sooner than this without delivering anything counts as a failure, so
 # a server that closes watches at once is not hammered in a tight loop (as client-go).
 _SHORT_WATCH = 1.0
+
+
+class _WatchDown(enum.Enum):
+    """Why the watch is not streaming, as far as the periodic resync is concerned."""
+
+    # Each holds until the next attempt's outcome: a refused watch stays refused while
+    # it is tried again.
+    CONNECTING = "connecting"  # a request is on its way (or a stream just ended cleanly)
+    BROKEN = "broken"  # an open stream broke: reconnecting within the spread
+    UNREACHABLE = "unreachable"  # the last attempt could not connect
+    THROTTLED = "throttled"  # the server answered 429
+    RELISTING = "relisting"  # 410 Gone: a relist is on its way
+    REFUSED = "refused"  # the server answered the watch with another error
+
+
+def _watch_down_after(exc: K8sError, *, established: bool) -> _WatchDown:
+    if established:
+        return _WatchDown.BROKEN
+    if isinstance(exc, ConnectionFailed):
+        return _WatchDown.UNREACHABLE
+    if isinstance(exc, TooManyRequests):
+        return _WatchDown.THROTTLED
+    return _WatchDown.REFUSED
 
 
 class _WrittenMeta(msgspec.Struct):
@@ -210,13 +324,23 @@ _written_decoder = msgspec.json.Decoder(_Written)
 class SliceReconciler:
     """Keeps this node's pool of ResourceSlices equal to ``desired``.
 
-    ``run`` never raises for API errors: each failed sync is logged and retried after
-    ``backoff_delay``, and a failing watch is retried the same way while the periodic
-    resync goes on converging without it. ``is_published`` / ``wait_published()`` tell
-    when the first sync succeeded. Every wait goes through Trio (``sleep``, default
-    ``trio.sleep``; ``trio.move_on_after`` for the resync interval), so tests run it
-    under ``trio.testing.MockClock``. ``resync_interval=math.inf`` turns the periodic
-    resync off; ``watch=False`` turns the watch off.
+    ``run`` never raises for API errors: each failed sync is logged and retried with
+    ``nursery.backoff`` delays (``backoff_base`` doubling up to ``backoff_cap``, jittered;
+    never sooner than a ``Retry-After``), and a failing watch is retried the same way
+    while the periodic resync goes on converging without it. ``is_published`` /
+    ``wait_published()`` tell when the first sync succeeded. Every wait goes through Trio
+    (``sleep``, default ``trio.sleep``; ``trio.move_on_after`` for the resync interval),
+    so tests run it under ``trio.testing.MockClock``.
+
+    ``resync_interval=math.inf`` turns the periodic resync off; while the watch streams,
+    a resync compares the cache with ``desired`` and calls the API only if they differ;
+    without a watch (none, or one the server refused for a whole interval) it lists and
+    applies once (no retries: the next interval is the retry). ``watch=False`` turns the watch
+    off. ``watch_timeout`` is the server-side length of one watch request (randomised
+    up to twice that, as client-go does); ``watch_idle_timeout`` ends a watch that
+    received nothing at all (not even a bookmark) for that long. ``reconnect_spread`` is
+    the window a relist after 410, and the first reconnect of a watch that broke after
+    it was established, are spread over.
     """
 
     def __init__(
@@ -230,8 +354,10 @@ class SliceReconciler:
         backoff_cap: float = 30.0,
         rand: Callable[[], float] | None = None,
         watch: bool = True,
-        watch_timeout: float | None = 300.0,
+        watch_timeout: float | None = 1800.0,
         sleep: Sleep | None = None,
+        watch_idle_timeout: float | None = 180.0,
+        reconnect_spread: float = 5.0,
     ) -> None:
         if not resync_interval > 0:
             raise ValueError(f"resync interval must be > 0 seconds, got {resync_interval}")
@@ -241,6 +367,10 @@ class SliceReconciler:
             )
         if watch_timeout is not None and not watch_timeout >= 1:
             raise ValueError(f"watch timeout must be >= 1 second, got {watch_timeout}")
+        if watch_idle_timeout is not None and not watch_idle_timeout >= 1:
+            raise ValueError(f"watch idle timeout must be >= 1 second, got {watch_idle_timeout}")
+        if not 0 <= reconnect_spread < float("inf"):
+            raise ValueError(f"reconnect spread must be >= 0 seconds, got {reconnect_spread}")
         self.kube = kube
         self.node_name = node_name
         self.resync_interval = resync_interval
@@ -248,15 +378,19 @@ class SliceReconciler:
         self.backoff_cap = backoff_cap
         self.watch_enabled = watch
         self.watch_timeout = watch_timeout
+        self.watch_idle_timeout = watch_idle_timeout
+        self.reconnect_spread = reconnect_spread
         self._rand = rand or random.Random().random
         self._sleep: Sleep = sleep or trio.sleep
-        self._desired: list[Obj] = [copy.deepcopy(dict(d)) for d in desired]
+        self._desired: list[Obj] = [_clone(d) for d in desired]
+        self._desired_digests = [content_digest(d) for d in self._desired]
         self.generation: int | None = None
         # Counters for /metrics and /debug/state.
         self.api_calls = 0  # list/create/update/delete calls, failed ones included
         self.errors = 0  # failed syncs
         self.last_error: str | None = None
         self.sync_reasons: Counter[str] = Counter()
+        self.cache_resyncs = 0  # periodic resyncs the cache answered without the API
         self.watch_requests = 0
         self.watch_errors = 0
         self.watch_events = 0  # ADDED/MODIFIED/DELETED seen, ours included
@@ -269,6 +403,9 @@ class SliceReconciler:
         self._watch_rv: str | None = None
         self._own_writes: OrderedDict[str, None] = OrderedDict()
         self._external: list[WatchEvent] = []
+        self._cache: dict[str, SliceDigest] = {}
+        self._resyncs_refused = 0  # consecutive resyncs that found the watch refused
+        self._watch_down = _WatchDown.CONNECTING  # why, when it is not streaming
         self._watch_limiter = trio.CapacityLimiter(1)
         self._wake = trio.Event()
         self._wake_reasons: set[str] = set()
@@ -295,7 +432,8 @@ class SliceReconciler:
         self._wake_up("trigger")
 
     def set_desired(self, desired: Sequence[Mapping[str, Any]]) -> None:
-        self._desired = [copy.deepcopy(dict(d)) for d in desired]
+        self._desired = [_clone(d) for d in desired]
+        self._desired_digests = [content_digest(d) for d in self._desired]
         self._wake_up("desired")
 
     async def wait_next_sync(self) -> None:
@@ -303,6 +441,21 @@ class SliceReconciler:
         target = self._syncs_started + 1
         while self._syncs_done < target:
             await self._sync_done.wait()
+
+    @property
+    def watch_streaming(self) -> bool:
+        """A watch is open now, so the cache follows the server."""
+        stream = self.watch_stream
+        return self.watch_enabled and stream is not None and stream.streaming
+
+    def cache_in_sync(self) -> bool:
+        """The cached slices are what ``desired`` wants (no API call)."""
+        return cache_in_sync(
+            self._desired,
+            list(self._cache.values()),
+            current_generation=self.generation,
+            desired_digests=self._desired_digests,
+        )
 
     def status(self) -> dict[str, Any]:
         """A snapshot for ``/debug/state``."""
@@ -314,9 +467,11 @@ class SliceReconciler:
             "failedSyncs": self.errors,
             "lastError": self.last_error,
             "syncs": dict(sorted(self.sync_reasons.items())),
+            "cache": {"slices": len(self._cache), "resyncsFromCache": self.cache_resyncs},
             "watch": {
                 "enabled": self.watch_enabled,
                 "connected": self.watch_connected,
+                "state": "streaming" if self.watch_streaming else self._watch_down.value,
                 "requests": self.watch_requests,
                 "errors": self.watch_errors,
                 "events": self.watch_events,
@@ -328,6 +483,23 @@ class SliceReconciler:
     def _wake_up(self, reason: str) -> None:
         self._wake_reasons.add(reason)
         self._wake.set()
+
+    def _retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """Before retry ``attempt`` (0-based): the shared backoff (``backoff_base`` doubling
+        up to ``backoff_cap``, jittered into its upper half), and never sooner than the
+        server's ``Retry-After``, itself spread (``retry_after_delay``)."""
+        delay = restart_delay(
+            attempt + 1,
+            initial=self.backoff_base,
+            factor=2.0,
+            cap=self.backoff_cap,
+            jitter=0.5,
+            rand=self._rand,
+        )
+        if retry_after is not None:
+            asked = retry_after_delay(retry_after, cap=self.backoff_cap, rand=self._rand)
+            delay = max(delay, asked)
+        return delay
 
     # ---- the loops ----------------------------------------------------------------------
 
@@ -353,12 +525,52 @@ class SliceReconciler:
             self._external = []
             if reasons == {"watch"} and not external:
                 continue
+            if not reasons:
+                await self._resync()
+                continue
             reason = next((r for r in _REASONS if r in reasons), "resync")
             if external:
                 self.external_changes += len(external)
                 names = ", ".join(sorted({f"{e.type.lower()} {e.name}" for e in external}))
                 log.info("resourceslices changed by someone else (%s): reconciling", names)
             await self._sync_until_ok(reason)
+
+    async def _resync(self) -> None:
+        """The periodic resync. While a watch streams, the cache is as fresh as the
+        server and the resync is a comparison (as an informer's resync replays its
+        store without calling the API). While the watch is down the resync leaves the
+        recovery to it (``_WatchDown``): a reconnect resumes from the last version
+        without missing anything, a relist after 410 is already on its way, a server
+        that cannot be reached or throttles cannot answer a list either. Only without a
+        watch, or when the server has refused the watch for a whole interval, does it
+        list and apply, once."""
+        if self.watch_enabled:
+            if self.watch_streaming:
+                self._resyncs_refused = 0
+                if self.cache_in_sync():
+                    self.cache_resyncs += 1
+                    return
+            elif self._watch_down is not _WatchDown.REFUSED:
+                self._resyncs_refused = 0
+                return
+            else:
+                self._resyncs_refused += 1
+                if self._resyncs_refused < 2:
+                    return
+        self.sync_reasons["resync"] += 1
+        self._syncs_started += 1
+        try:
+            await self.sync_once()
+        except K8sError as exc:
+            self.errors += 1
+            self.last_error = str(exc)
+            log.warning(
+                "resourceslice resync failed (again in %.0fs or on the next change): %s",
+                self.resync_interval,
+                exc,
+            )
+            return
+        self._sync_succeeded()
 
     async def _sync_until_ok(self, reason: str) -> None:
         self.sync_reasons[reason] += 1
@@ -370,21 +582,20 @@ class SliceReconciler:
             except K8sError as exc:
                 self.errors += 1
                 self.last_error = str(exc)
-                delay = backoff_delay(
-                    attempt, base=self.backoff_base, cap=self.backoff_cap, rand=self._rand
-                )
-                if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-                    delay = max(delay, min(exc.retry_after, self.backoff_cap))
+                delay = self._retry_delay(attempt, exc.retry_after)
                 log.warning("resourceslice sync failed (retry in %.3fs): %s", delay, exc)
                 attempt += 1
                 await self._sleep(delay)
                 continue
-            self.last_error = None
-            self._syncs_done = self._syncs_started
-            self.converged.set()
-            done, self._sync_done = self._sync_done, trio.Event()
-            done.set()
+            self._sync_succeeded()
             return
+
+    def _sync_succeeded(self) -> None:
+        self.last_error = None
+        self._syncs_done = self._syncs_started
+        self.converged.set()
+        done, self._sync_done = self._sync_done, trio.Event()
+        done.set()
 
     async def _watch_loop(self) -> None:
         """Watch our slices from the version of the last list; any change that is not
@@ -397,10 +608,17 @@ class SliceReconciler:
             if relist:
                 relist = False
                 self.relists += 1
+                self._watch_down = _WatchDown.RELISTING
+                # Every watcher of a restarted or compacted server gets its 410 at
+                # about the same moment: spread the relists.
+                await self._sleep(self.reconnect_spread * self._rand())
                 self._wake_up("relist")
                 await self.wait_next_sync()
                 self._watch_rv = self._list_rv
+                self._watch_down = _WatchDown.CONNECTING
             started = trio.current_time()
+            retry_after: float | None = None
+            established = False
             try:
                 delivered = await self._watch_once()
             except Gone as exc:
@@ -410,17 +628,26 @@ class SliceReconciler:
             except K8sError as exc:
                 self.watch_errors += 1
                 failure = str(exc)
+                retry_after = exc.retry_after
+                established = self.watch_stream is not None and self.watch_stream.attached
+                self._watch_down = _watch_down_after(exc, established=established)
             else:
+                self._watch_down = _WatchDown.CONNECTING
                 if delivered or trio.current_time() - started >= _SHORT_WATCH:
                     attempt = 0
                     continue
                 self.watch_errors += 1
+                self._watch_down = _WatchDown.REFUSED
                 failure = "the watch ended at once without any event"
-            delay = backoff_delay(
-                attempt, base=self.backoff_base, cap=self.backoff_cap, rand=self._rand
-            )
+            if established and attempt == 0:
+                # A stream that was open broke (dropped connection, restarted server):
+                # likely every node's did. Resuming from our version loses nothing, so
+                # there is no hurry; come back at a random moment of the spread.
+                delay = self.reconnect_spread * self._rand()
+            else:
+                delay = self._retry_delay(attempt, retry_after)
+                attempt += 1
             log.warning("resourceslice watch failed (retry in %.3fs): %s", delay, failure)
-            attempt += 1
             await self._sleep(delay)
 
     async def _watch_once(self) -> int:
@@ -441,6 +668,7 @@ class SliceReconciler:
                 limiter=self._watch_limiter,
                 stream=stream,
                 what="resourceslices",
+                idle_timeout=self.watch_idle_timeout,
                 field_selector=self.field_selector,
             )
         finally:
@@ -452,6 +680,7 @@ class SliceReconciler:
         if event.type == "BOOKMARK":
             return
         self.watch_events += 1
+        self._cache_event(event)
         if self._is_own(event.resource_version):
             return
         self._external.append(event)
@@ -463,15 +692,54 @@ class SliceReconciler:
             return True
         return False
 
+    # ---- the cache ----------------------------------------------------------------------
+
+    def _cache_put(self, digest: SliceDigest) -> None:
+        cached = self._cache.get(digest.name)
+        if cached is None or _not_older(digest.resource_version, cached.resource_version):
+            self._cache[digest.name] = digest
+
+    def _cache_event(self, event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            cached = self._cache.get(event.name)
+            if cached is not None and _not_older(event.resource_version, cached.resource_version):
+                del self._cache[event.name]
+            return
+        try:
+            obj = msgspec.json.decode(event.object)
+        except msgspec.DecodeError:
+            return  # unreadable: the sync this event wakes lists and refills the cache
+        digest = slice_digest(obj) if isinstance(obj, dict) else None
+        if digest is not None:
+            self._cache_put(digest)
+
     def _remember_write(self, raw: bytes) -> None:
+        """A create's or update's answer: the object as stored, and its version, so that
+        its watch event is known as ours."""
+        try:
+            rv = _written_decoder.decode(raw).metadata.resourceVersion
+            obj = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return  # only costs one extra sync when its event comes back
+        digest = slice_digest(obj) if isinstance(obj, dict) else None
+        if digest is not None:
+            self._cache_put(digest)
+        if rv:
+            self._remember_version(rv)
+
+    def _remember_delete(self, name: str, raw: bytes) -> None:
+        self._cache.pop(name, None)
         try:
             rv = _written_decoder.decode(raw).metadata.resourceVersion
         except msgspec.DecodeError:
-            return  # only costs one extra sync when its event comes back
+            return
         if rv:
-            self._own_writes[rv] = None
-            while len(self._own_writes) > _OWN_WRITES_KEPT:
-                self._own_writes.popitem(last=False)
+            self._remember_version(rv)
+
+    def _remember_version(self, rv: str) -> None:
+        self._own_writes[rv] = None
+        while len(self._own_writes) > _OWN_WRITES_KEPT:
+            self._own_writes.popitem(last=False)
 
     # ---- one sync -----------------------------------------------------------------------
 
@@ -482,8 +750,10 @@ class SliceReconciler:
             plan = plan_reconcile(self._desired, existing, current_generation=self.generation)
             api = self.kube.resource
             for name in plan.deletes:
-                with contextlib.suppress(NotFound):  # already gone: that is what we wanted
-                    self._remember_write(await self._call(api.delete_resource_slice, name))
+                try:
+                    self._remember_delete(name, await self._call(api.delete_resource_slice, name))
+                except NotFound:  # already gone: that is what we wanted
+                    self._cache.pop(name, None)
             for update in plan.updates:
                 self._remember_write(
                     await self._call(api.replace_resource_slice, update.name, update.body)
@@ -510,8 +780,8 @@ class SliceReconciler:
             self.kube.resource.list_resource_slice, field_selector=self.field_selector
         )
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
             raise K8sError(f"list resourceslices: decode: {exc}") from exc
         items = data.get("items") if isinstance(data, dict) else None
         if not isinstance(items, list):
@@ -519,4 +789,7 @@ class SliceReconciler:
         meta = data.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         self._list_rv = str(rv) if rv else None
-        return [i for i in items if isinstance(i, dict)]
+        objects = [i for i in items if isinstance(i, dict)]
+        digests = (slice_digest(o) for o in objects)
+        self._cache = {d.name: d for d in digests if d is not None}
+        return objects

@@ -70,7 +70,14 @@ class WatchStream:
         self._response: Any = None
         self._finished = False
         self.cancelled = False
+        self.attached = False  # the server answered 200: the stream was open at some point
         self.exited = threading.Event()  # set when the worker thread is done
+
+    @property
+    def streaming(self) -> bool:
+        """The stream is open now: answered, and neither ended nor cancelled."""
+        with self._lock:
+            return self._response is not None and not self._finished and not self.cancelled
 
     def attach(self, response: Any) -> bool:
         """Called by the thread once headers are in; False when already cancelled."""
@@ -79,6 +86,7 @@ class WatchStream:
                 _close(response)
                 return False
             self._response = response
+            self.attached = True
             return True
 
     def finish(self, *, clean: bool) -> None:
@@ -154,13 +162,16 @@ async def watch_once(
     limiter: trio.CapacityLimiter | None = None,
     stream: WatchStream | None = None,
     what: str = "",
+    idle_timeout: float | None = None,
     **params: Any,
 ) -> int:
     """Run one watch request until the server ends it; the number of events delivered.
 
     ``on_event`` runs in the Trio thread, one event at a time, in order. ``params`` go
     to ``list_fn`` (``field_selector=...``). The client-side read timeout is a little
-    longer than ``timeout_seconds``, so a silently dead connection also ends.
+    longer than ``timeout_seconds``, so a silently dead connection also ends; with
+    ``idle_timeout`` it is at most that many seconds without a byte, for a caller that
+    asks for bookmarks and counts on the server sending one about every minute.
     """
     handle = stream or WatchStream()
     label = what or getattr(list_fn, "__name__", "watch")
@@ -168,12 +179,14 @@ async def watch_once(
     kwargs.update(watch=True, allow_watch_bookmarks=allow_bookmarks, _preload_content=False)
     if resource_version:
         kwargs["resource_version"] = resource_version
+    # The client insists on a number; a day stands for "no read timeout".
+    read_timeout = 86400.0
     if timeout_seconds is not None:
         kwargs["timeout_seconds"] = timeout_seconds
-        kwargs["_request_timeout"] = (kube.request_timeout, timeout_seconds + 30)
-    else:
-        # The client insists on a number; a day stands for "no read timeout".
-        kwargs["_request_timeout"] = (kube.request_timeout, 86400.0)
+        read_timeout = timeout_seconds + 30.0
+    if idle_timeout is not None:
+        read_timeout = min(read_timeout, idle_timeout)
+    kwargs["_request_timeout"] = (kube.request_timeout, read_timeout)
 
     def deliver(event: WatchEvent) -> bool:
         if handle.cancelled:  # an abandoned watch: drop what is still in flight

@@ -8,7 +8,7 @@ The pure core (``store``, ``selectors``, ``validation``, ``patch``, ``handler``,
 from __future__ import annotations
 
 from dracpu.sim.apiserver.errors import ApiError
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu.sim.apiserver.faults import CallCounter, FaultInjector, RequestLog
 from dracpu.sim.apiserver.server import (
     SimAPIServer,
     kubeconfig_document,
@@ -23,6 +23,7 @@ __all__ = [
     "CallCounter",
     "FaultInjector",
     "ObjectStore",
+    "RequestLog",
     "SimAPIServer",
     "kubeconfig_document",
     "main_apiserver",

@@ -1,4 +1,5 @@
-"""Fault injection and call counting for the simulated API server. Pure.
+"""Fault injection and call counting for the simulated API server. Pure: where time
+matters (the rate limit, the request log) the caller passes it in.
 
 Verbs are the Kubernetes verbs (get, list, watch, create, update, patch, delete,
 deletecollection); resources are plural names with an optional subresource
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["CallCounter", "Fault", "FaultInjector"]
+__all__ = ["CallCounter", "Fault", "FaultInjector", "RateLimit", "RequestLog", "RequestRecord"]
 
 
 @dataclass(slots=True)
@@ -26,9 +27,54 @@ class Fault:
         return self.verb in ("*", verb) and self.resource in ("*", resource)
 
 
+@dataclass(slots=True)
+class RateLimit:
+    """A token bucket standing for the server's capacity (API Priority and Fairness
+    rejecting what its queues cannot hold): ``rate`` requests a second on average,
+    ``burst`` at once; a request over it is answered 429 with ``Retry-After``."""
+
+    rate: float
+    burst: float
+    retry_after: int = 1
+    tokens: float = 0.0
+    last: float | None = None
+    rejected: int = 0
+
+    def admit(self, now: float) -> bool:
+        if self.last is None:
+            self.tokens = self.burst
+        else:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        self.rejected += 1
+        return False
+
+
 class FaultInjector:
     def __init__(self) -> None:
         self._faults: list[Fault] = []
+        self.rate_limit: RateLimit | None = None
+
+    def limit_rate(self, rate: float, *, burst: float, retry_after: int = 1) -> RateLimit:
+        """Answer 429 (``Retry-After: retry_after``) to requests over ``rate`` per second
+        with bursts of ``burst``; every verb counts, watches included (APF admits a
+        watch like any other request). Replaces an earlier limit."""
+        if not rate > 0 or not burst >= 1:
+            raise ValueError(f"rate limit needs rate > 0 and burst >= 1, got {rate}, {burst}")
+        if retry_after < 0:
+            raise ValueError(f"retry-after must be >= 0 seconds, got {retry_after}")
+        self.rate_limit = RateLimit(rate, burst, retry_after)
+        return self.rate_limit
+
+    def throttle(self, now: float) -> int | None:
+        """The ``Retry-After`` to answer with when the rate limit rejects this request."""
+        limit = self.rate_limit
+        if limit is None or limit.admit(now):
+            return None
+        return limit.retry_after
 
     def inject(
         self,
@@ -65,6 +111,7 @@ class FaultInjector:
 
     def clear(self) -> None:
         self._faults.clear()
+        self.rate_limit = None
 
 
 class CallCounter:
@@ -89,3 +136,33 @@ class CallCounter:
 
     def reset(self) -> None:
         self._counts.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    time: float
+    verb: str
+    resource: str
+    user_agent: str
+    status: int  # 200 for a watch that started streaming; 0 for a dropped connection
+    size: int = 0  # bytes of the response body; 0 for a watch (its events are not counted)
+
+
+class RequestLog:
+    """Every request that reached the handler, in order, with its ``User-Agent`` (the
+    simulated fleet tells its nodes apart by it, as an audit log does)."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+
+    def record(
+        self, time: float, verb: str, resource: str, user_agent: str, status: int, size: int = 0
+    ) -> None:
+        self.records.append(RequestRecord(time, verb, resource, user_agent, status, size))
+
+    def since(self, start: float, end: float | None = None) -> list[RequestRecord]:
+        """Records with ``start <= time < end`` (to the last one without ``end``)."""
+        return [r for r in self.records if r.time >= start and (end is None or r.time < end)]
+
+    def __len__(self) -> int:
+        return len(self.records)

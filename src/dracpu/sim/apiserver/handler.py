@@ -4,16 +4,19 @@ I/O. Paths follow the real API server's REST layout (protocols.md §4)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from dracpu.sim.apiserver import discovery, errors
+from dracpu.sim.apiserver import discovery, errors, openapi
 from dracpu.sim.apiserver.errors import ApiError
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu.sim.apiserver.faults import CallCounter, FaultInjector, RequestLog
 from dracpu.sim.apiserver.resources import ResourceType, resource_by_path
 from dracpu.sim.apiserver.selectors import (
     FieldSelector,
@@ -61,6 +64,7 @@ class WatchStart:
     allow_bookmarks: bool
     timeout_seconds: float | None
     send_initial_events: bool
+    user_agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,17 +161,25 @@ def _truthy(value: str | None) -> bool:
 
 
 class Handler:
+    """``clock`` (seconds, monotonic) times the rate limit and the request log;
+    ``requests``, when set, logs every request that names a resource."""
+
     def __init__(
         self,
         store: ObjectStore,
         faults: FaultInjector,
         counter: CallCounter,
         server_address: str = "127.0.0.1:0",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        requests: RequestLog | None = None,
     ) -> None:
         self.store = store
         self.faults = faults
         self.counter = counter
         self.server_address = server_address
+        self.clock = clock
+        self.requests = requests
 
     def handle(self, request: Request) -> Response | WatchStart | DropConnection:
         try:
@@ -183,6 +195,32 @@ class Handler:
         except ApiError as err:
             return error_response(err)
         self.counter.record(route.verb, route.counted_resource)
+        agent = request.headers.get("user-agent", "")
+        result = self._answer(route, request, query, agent)
+        if self.requests is not None:
+            if isinstance(result, Response):
+                status, size = result.status, len(result.body)
+            else:
+                status, size = (200 if isinstance(result, WatchStart) else 0), 0
+            self.requests.record(
+                self.clock(), route.verb, route.counted_resource, agent, status, size
+            )
+        return result
+
+    def _answer(
+        self, route: Route, request: Request, query: dict[str, str], agent: str
+    ) -> Response | WatchStart | DropConnection:
+        retry_after = self.faults.throttle(self.clock())
+        if retry_after is not None:
+            return error_response(
+                ApiError(
+                    429,
+                    "TooManyRequests",
+                    _fault_message(429),
+                    {"retryAfterSeconds": retry_after},
+                    retry_after=retry_after,
+                )
+            )
         fault = self.faults.take(route.verb, route.counted_resource)
         if fault is not None:
             if fault.drop_connection:
@@ -191,9 +229,12 @@ class Handler:
                 errors.status_for_code(fault.status, fault.message or _fault_message(fault.status))
             )
         try:
-            return self._dispatch(route, request, query)
+            result = self._dispatch(route, request, query)
         except ApiError as err:
             return error_response(err)
+        if isinstance(result, WatchStart) and agent:
+            result = dataclasses.replace(result, user_agent=agent)
+        return result
 
     def _discovery(self, method: str, path: str) -> dict[str, Any] | None:
         path = path.rstrip("/") or "/"
@@ -213,6 +254,8 @@ class Handler:
             doc = discovery.api_group(parts[1])
         elif len(parts) == 3 and parts[0] == "apis":
             doc = discovery.api_resource_list(parts[1], parts[2])
+        elif openapi.is_openapi_path(path):
+            doc = openapi.document(path)
         else:
             return None
         if doc is None:
@@ -246,6 +289,8 @@ class Handler:
         if route.verb == "create" and route.subresource == "binding":
             assert route.name is not None
             return _json(201, store.bind(ns, route.name, _decode(request.body)))
+        if route.verb in ("create", "update") and query.get("fieldValidation") == "Strict":
+            openapi.check_strict(r, _decode(request.body))
         if route.verb == "create":
             return _json(201, store.create(r, ns, _decode(request.body)))
         assert route.name is not None

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 import yaml
 
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu.sim.apiserver.faults import CallCounter, FaultInjector, RequestLog
 from dracpu.sim.apiserver.handler import Handler
 from dracpu.sim.apiserver.http import ConnectionServer
 from dracpu.sim.apiserver.resources import ResourceType, resource_by_plural
@@ -57,6 +57,14 @@ class SimAPIServer:
             self.handler, bookmark_interval=bookmark_interval, max_watch_seconds=max_watch_seconds
         )
         self.port: int | None = None
+        self.restarts = 0
+        self._serving: trio.CancelScope | None = None
+
+    def log_requests(self) -> RequestLog:
+        """Start logging every request (time, verb, resource, User-Agent, status)."""
+        if self.handler.requests is None:
+            self.handler.requests = RequestLog()
+        return self.handler.requests
 
     @property
     def url(self) -> str:
@@ -71,12 +79,27 @@ class SimAPIServer:
         port: int = 0,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen and serve until cancelled; reports the bound port."""
+        """Listen and serve until cancelled or ``stop()``; reports the bound port."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = int(listeners[0].socket.getsockname()[1])
         self.handler.server_address = f"{host}:{self.port}"
-        task_status.started(self.port)
-        await trio.serve_listeners(self.connections.serve_connection, listeners)
+        with trio.CancelScope() as scope:
+            self._serving = scope
+            task_status.started(self.port)
+            await trio.serve_listeners(self.connections.serve_connection, listeners)
+
+    def stop(self, *, forget_watch_history: bool = True) -> None:
+        """Go down as a restarting API server does: stop listening and close every
+        connection, watches included, at once; ``serve`` returns. The objects are kept
+        (they live in etcd); so is the version counter. ``forget_watch_history``: the
+        restarted server's watch cache starts at the current version, so a client
+        resuming an older one gets 410 Gone. ``serve(port=self.port)`` brings it back."""
+        if self._serving is not None:
+            self._serving.cancel()
+            self._serving = None
+            self.restarts += 1
+        if forget_watch_history:
+            self.store.compact()
 
     def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
         return write_kubeconfig(path, self.url)
