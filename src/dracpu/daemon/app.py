@@ -192,6 +192,7 @@ class Daemon:
         if self.kubelet is not None:
             reg = self.kubelet.registration
             doc["registration"] = {"registered": reg.registered, "lastError": reg.last_error}
+            doc["health"] = {"unhealthy": dict(self.kubelet.health.report().unhealthy)}
         if self.supervisor is not None:
             doc["services"] = self.supervisor.status()
         return doc

@@ -25,6 +25,13 @@ import trio
 
 from dracpu.cpumap import render_cpu_map, rows_from_topology
 from dracpu.cpuset import CPUSet
+from dracpu.demo.offline import (
+    OFFLINE_AFTER_START,
+    OfflineError,
+    offline_round_trip,
+    pods_to_offline,
+    writable_sysfs,
+)
 from dracpu.demo.scenario import Scenario
 from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.node import DaemonProcess, SimNode, SimNodeError
@@ -305,11 +312,13 @@ def _daemon_args(opts: DemoOptions) -> list[str]:
     return extra
 
 
-async def _start_daemon(node: SimNode, opts: DemoOptions, progress: _Progress) -> DaemonProcess:
+async def _start_daemon(
+    node: SimNode, opts: DemoOptions, progress: _Progress, sysfs_root: str
+) -> DaemonProcess:
     """``dracpu run`` against the simulated node, ready and with its slices published."""
     started = time.monotonic()
     try:
-        daemon = await node.start_daemon(sysfs_root=opts.sysfs_root, extra_args=_daemon_args(opts))
+        daemon = await node.start_daemon(sysfs_root=sysfs_root, extra_args=_daemon_args(opts))
     except SimNodeError as exc:
         raise DemoError(str(exc)) from exc
     progress(
@@ -374,6 +383,28 @@ async def _delete_marked(
             applied.problems[ref] = "deletion did not finish"
 
 
+async def _offline_marked(
+    node: SimNode, scenario: Scenario, applied: _Applied, sysfs: str, progress: _Progress
+) -> None:
+    """Take a CPU of each marked running pod's claims offline and back (demo/offline.py)."""
+    pods = {_claim_key(p): p for p in scenario.pods}
+    for ref in pods_to_offline(scenario):
+        if ref in applied.problems:
+            continue
+        uids = _claim_uids_of(node, pods[ref], applied)
+        held = {c["uid"]: c["cpus"] for c in (await node.debug_state()).get("claims") or []}
+        cpus = CPUSet()
+        for uid in uids:
+            cpus |= CPUSet.parse(held.get(uid, ""))
+        if not cpus:
+            applied.problems[ref] = f"{OFFLINE_AFTER_START}: the pod holds no claimed CPU"
+            continue
+        try:
+            await offline_round_trip(node, sysfs, ref, cpus, progress)
+        except OfflineError as exc:
+            applied.problems[ref] = str(exc)
+
+
 def _report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
     if opts.output == "json":
         out.write(json.dumps(result.document(), indent=2) + "\n")
@@ -410,8 +441,14 @@ async def _run_on(
         f"simulated node {node.node_name}: API server {node.api.url}, NRI runtime "
         f"{node.nri_socket}, kubelet root {node.kubelet_root}"
     )
-    daemon = await _start_daemon(node, opts, progress)
+    marked = pods_to_offline(opts.scenario)
+    try:
+        sysfs_root = writable_sysfs(opts.sysfs_root, workdir) if marked else opts.sysfs_root
+    except OfflineError as exc:
+        raise DemoError(str(exc)) from exc
+    daemon = await _start_daemon(node, opts, progress, sysfs_root)
     applied = await _apply(node, opts.scenario, progress)
+    await _offline_marked(node, opts.scenario, applied, sysfs_root, progress)
     await _delete_marked(node, opts.scenario, applied, progress)
     result = await _collect(node, opts.scenario, applied)
     _report(opts, result, out)
