@@ -49,8 +49,11 @@ def cmd_map(argv: Sequence[str]) -> int:
         claims = claims_of_state(state)
         shared = CPUSet.parse(state.get("sharedPool", ""))
         reserved = CPUSet.parse(state.get("reserved", ""))
+        isolated = CPUSet.parse(state.get("isolated", ""))
     except (ValueError, CPUSetParseError, KeyError, TypeError, AttributeError) as err:
         raise CLIError(f"{url} is not a dracpu debug state: {err}") from err
     print(f"node {state.get('node', '?')}")
-    sys.stdout.write(render_cpu_map(rows, claims=claims, shared=shared, reserved=reserved))
+    sys.stdout.write(
+        render_cpu_map(rows, claims=claims, shared=shared, reserved=reserved, isolated=isolated)
+    )
     return 0

@@ -289,6 +289,7 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             claims=claims,
             shared=CPUSet.parse(result.shared_pool),
             reserved=CPUSet.parse(result.reserved),
+            isolated=topo.isolated,
         )
     )
     if result.notes:
