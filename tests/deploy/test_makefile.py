@@ -32,7 +32,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def _make(tmp: Path, *args: str, ident: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FAKE_ID": ident, "FAKE_OK": "1" if ok else "0"}
+    # Run as a top-level make even under `make test`: no "make[1]:" prefixes, no jobserver.
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEFILES")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    env |= {"FAKE_ID": ident, "FAKE_OK": "1" if ok else "0"}
     env.pop("MAKEFLAGS", None)
     return subprocess.run(
         ["make", "--no-print-directory", f"PYTHON={tmp / 'python'}", *args],
