@@ -8,7 +8,7 @@ against one loopback API server, through the daemon's own slice reconciler.
   until every node's pool is right and watched again, and the most any node sent;
 - ``rollout_peak_rps``: every node restarting over 2 s.
 
-``python -m dracpu.sim.fleet --nodes 1000 --duration 60`` is the full run.
+``dracpu sim fleet --nodes 1000 --duration 60`` is the full run.
 """
 
 from __future__ import annotations

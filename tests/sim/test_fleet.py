@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dracpu.cpuset import CPUSet
 from dracpu.sim.apiserver.faults import RequestRecord
 from dracpu.sim.fleet import FleetOptions, FleetResult, build_parser, main, run_fleet
 from dracpu.sim.fleet.report import peak_rate, percentile, phase_counts
@@ -120,15 +121,9 @@ def test_shapes_and_slices_come_from_the_fixtures() -> None:
     slices = factory.slices(big, "node-00001", "uid-1")
     assert len(slices) == 6
     assert {s["spec"]["nodeName"] for s in slices} == {"node-00001"}
-    fewer = factory.slices(big, "node-00001", "uid-1", reserved=_cpus(5))
+    fewer = factory.slices(big, "node-00001", "uid-1", reserved=CPUSet([5]))
     assert sum(len(s["spec"]["devices"]) for s in fewer) == 767
-    assert factory.inventory(big, _cpus()) is factory.inventory(big, _cpus())
-
-
-def _cpus(*ids: int):  # type: ignore[no-untyped-def]
-    from dracpu.cpuset import CPUSet
-
-    return CPUSet(ids)
+    assert factory.inventory(big, CPUSet()) is factory.inventory(big, CPUSet())
 
 
 def test_percentile_and_peak_rate() -> None:

@@ -51,7 +51,7 @@ def _apiserver(argv: Sequence[str]) -> int:
 def _fleet(argv: Sequence[str]) -> int:
     from dracpu.sim.fleet.cli import main as fleet_main
 
-    return fleet_main(list(argv))
+    return fleet_main(list(argv), prog="dracpu sim fleet")
 
 
 SIM_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {

@@ -26,6 +26,7 @@ def build_parser(prog: str = "python -m dracpu.sim.fleet") -> argparse.ArgumentP
             "after a topology change, when every watch drops, across an API server "
             "restart and a roll-out. See docs/scale.md."
         ),
+        epilog="example: python -m dracpu.sim.fleet --nodes 1000 --mode grouped --duration 60",
     )
     p.add_argument("--nodes", type=int, default=50, help="simulated nodes (default 50)")
     p.add_argument(
@@ -83,8 +84,10 @@ def options_from(args: argparse.Namespace) -> FleetOptions:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Run once with ``argv`` (``sys.argv[1:]`` when None); ``prog`` names the command
+    in usage lines (``dracpu sim fleet`` when called from the dracpu CLI)."""
+    args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
     opts = options_from(args)
     try:
         opts.validate()
