@@ -42,6 +42,10 @@ from dracpu.http.server import serve_http
 MiB = 1024 * 1024
 ACCEPTANCE = 0.050  # seconds: median latency of another connection's calls
 STALL = 5.0  # seconds: no single call of another connection may take longer
+# Raw h2 floods keep the server's one thread busiest: on a quiet machine the median is
+# 1.4-10 ms, in a CI run of the whole suite on 2 cores up to ~75 ms; without the server's
+# stepping it is 100-300 ms (or the connection is closed). The bound sits between.
+RAW_FLOOD_MEDIAN = 0.150
 
 ATTACK_ROUNDS = 3
 T = TypeVar("T")
@@ -82,11 +86,11 @@ class Victim:
         return [took for started, took in self.calls if window[0] <= started <= window[1]]
 
 
-def _check_latencies(latencies: list[float]) -> None:
+def _check_latencies(latencies: list[float], median: float = ACCEPTANCE) -> None:
     ordered = sorted(latencies)
     assert len(ordered) >= 5, ordered
     assert ordered[-1] < STALL, ordered[-5:]
-    assert statistics.median(ordered) < ACCEPTANCE, ordered
+    assert statistics.median(ordered) < median, ordered
     # Not just half of them: nine in ten within a second (quiet machine: ~40 ms; a clean CI
     # run of the 20,000-request flood on 2 cores: up to ~0.5 s).
     assert ordered[len(ordered) * 9 // 10] < 20 * ACCEPTANCE, ordered
@@ -296,7 +300,7 @@ async def test_raw_h2_floods_do_not_delay_another_connection(
         else:
             assert len(answers) == 1  # one connection, busy all along
         try:
-            _check_latencies(latencies)
+            _check_latencies(latencies, RAW_FLOOD_MEDIAN)
             return
         except AssertionError:
             if attempt == 2:
