@@ -187,6 +187,24 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _stubs(channel: Any) -> tuple[Any, Any]:
+    """NodePrepareResources and NodeUnprepareResources on ``channel`` (DRA v1)."""
+    from dracpu.proto.dra.v1 import api_pb2 as pb
+
+    service = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
+    prepare = channel.unary_unary(
+        service + "NodePrepareResources",
+        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+    )
+    unprepare = channel.unary_unary(
+        service + "NodeUnprepareResources",
+        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
+        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+    )
+    return prepare, unprepare
+
+
 def _client(
     channel: Any,
     claims: list[Any],
@@ -196,16 +214,7 @@ def _client(
 ) -> None:
     from dracpu.proto.dra.v1 import api_pb2 as pb
 
-    prepare = channel.unary_unary(
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
-        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
-    )
-    unprepare = channel.unary_unary(
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
-        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
-        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
-    )
+    prepare, unprepare = _stubs(channel)
     for _ in range(rounds):
         for c in claims:
             ref = pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name)
@@ -267,16 +276,7 @@ def _pairs(
 ) -> None:
     from dracpu.proto.dra.v1 import api_pb2 as pb
 
-    prepare = channel.unary_unary(
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-        request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
-        response_deserializer=pb.NodePrepareResourcesResponse.FromString,
-    )
-    unprepare = channel.unary_unary(
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
-        request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
-        response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
-    )
+    prepare, unprepare = _stubs(channel)
     ref = pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name)
     for _ in range(CONC_ROUNDS):
         reply = prepare(pb.NodePrepareResourcesRequest(claims=[ref]), timeout=60)
