@@ -24,6 +24,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import trio
 
@@ -111,7 +112,7 @@ async def _pool_convergence(
     cgroup_root: str,
 ) -> float:
     verify_send, verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
-    verifier = Verifier(CgroupWriter(cgroup_root), plugin.intents)
+    verifier = _SignallingVerifier(CgroupWriter(cgroup_root), plugin.intents)
     pusher = PoolPusher(state.pool_changes(), plugin, session, verify=verify_send)
     await nursery.start(verifier.run, verify_recv)
     await nursery.start(pusher.run)
@@ -130,14 +131,31 @@ async def _pool_convergence(
             state.finish_unprepare(f"C{run - 1}")
         want = state.shared_pool.format()
         start = time.perf_counter()
-        while True:
-            await trio.sleep(0.001)
-            if verifier.rewritten >= len(shared) * (run + 1):
-                break
+        # Woken by the verifier's pass itself: a polling loop here would take the GIL
+        # from the verifier's worker thread a thousand times a second.
+        while verifier.rewritten < len(shared) * (run + 1):
+            await verifier.wait_pass()
         runs.append(time.perf_counter() - start)
         assert all(sim.cpuset_of(c) == want for c in shared), "a cgroup did not converge"
     sim.set_update_mode("apply")
     return statistics.median(runs)
+
+
+class _SignallingVerifier(Verifier):
+    """The verifier, telling the bench when each pass is over."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._passed = trio.Event()
+
+    async def verify(self, message: VerifyCpusets) -> list[str]:
+        written = await super().verify(message)
+        self._passed.set()
+        return written
+
+    async def wait_pass(self) -> None:
+        await self._passed.wait()
+        self._passed = trio.Event()
 
 
 async def _reconnect(sim: RuntimeSimulator, session: NRISession) -> float:

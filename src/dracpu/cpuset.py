@@ -35,6 +35,12 @@ def _parse_id(text: str, item: str, part: str) -> int:
     return value
 
 
+# Parsed strings (see CPUSet.parse); bounded, so hostile strings cannot grow it.
+_PARSED: dict[str, CPUSet] = {}
+_PARSED_LIMIT = 1024
+_PARSED_KEY_LIMIT = 256
+
+
 class CPUSet:
     """A set of CPU ids. Hashable, immutable, iterates in ascending order."""
 
@@ -70,6 +76,21 @@ class CPUSet:
     @classmethod
     def parse(cls, text: str) -> CPUSet:
         """Parse the Linux list format. One trailing newline (as sysfs writes) is tolerated."""
+        # A node has few distinct sets (the pool, the claims), parsed again and again from
+        # intents and cgroup files; sets are immutable, so a parsed one is shared.
+        if cls is not CPUSet or len(text) > _PARSED_KEY_LIMIT:
+            return cls._parse(text)
+        cached = _PARSED.get(text)
+        if cached is not None:
+            return cached
+        parsed = cls._parse(text)
+        if len(_PARSED) >= _PARSED_LIMIT:
+            _PARSED.clear()
+        _PARSED[text] = parsed
+        return parsed
+
+    @classmethod
+    def _parse(cls, text: str) -> CPUSet:
         body = text[:-1] if text.endswith("\n") else text
         if body == "":
             return cls.from_mask(0)

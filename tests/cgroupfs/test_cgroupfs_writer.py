@@ -306,6 +306,49 @@ def test_write_many_keeps_going_past_failures(tmp_path: Path) -> None:
     assert read(h / "kubepods/podp1/cpuset.cpus") == "0-2,4"
 
 
+def test_write_many_only_differing_reads_first_and_writes_the_rest(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    make_cgroup(h, "kubepods/podp1", cpus="0-7", mems="0-1")
+    holds = make_cgroup(h, "kubepods/podp1/c1", cpus="2-3", mems="0")
+    other_cpus = make_cgroup(h, "kubepods/podp1/c2", cpus="0-7")
+    other_mems = make_cgroup(h, "kubepods/podp1/c4", cpus="2-3", mems="0")
+    stamp = os.stat(holds / "cpuset.cpus").st_mtime_ns
+    results = CgroupWriter(str(root)).write_many(
+        [
+            intent("c1", cpus="2-3", mems="0"),  # holds it already: neither written nor listed
+            intent("c2", cpus="2-3"),
+            intent("c3", cpus="2-3"),  # no cgroup (stopped): skipped, not an error
+            intent("c4", cpus="2-3", mems="1"),
+        ],
+        only_differing=True,
+    )
+    assert [(i.container_id, type(r).__name__) for i, r in results] == [
+        ("c2", "WriteOutcome"),
+        ("c4", "WriteOutcome"),
+    ]
+    assert all(not isinstance(r, Exception) and r.ok for _, r in results)
+    assert os.stat(holds / "cpuset.cpus").st_mtime_ns == stamp
+    assert read(other_cpus / "cpuset.cpus") == "2-3"
+    assert read(other_mems / "cpuset.mems") == "1"
+
+
+def test_write_many_only_differing_reports_an_unreadable_cgroup(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    h = root / "cpuset"
+    make_cgroup(h, "kubepods/podp1", cpus="0-7")
+    garbled = make_cgroup(h, "kubepods/podp1/c1", cpus="0-7")
+    (garbled / "cpuset.cpus").write_text("not a set\n")
+    make_cgroup(h, "kubepods/podp1/c2", cpus="0-7")
+    results = CgroupWriter(str(root)).write_many(
+        [intent("c1", cpus="1"), intent("c2", cpus="1")], only_differing=True
+    )
+    assert isinstance(results[0][1], CgroupWriteError)
+    assert "unparsable content" in str(results[0][1])
+    assert results[1][0].container_id == "c2" and not isinstance(results[1][1], Exception)
+    assert read(h / "kubepods/podp1/c2/cpuset.cpus") == "1"
+
+
 # -- Trio side ----------------------------------------------------------------------------
 async def test_write_async_is_not_torn_by_cancellation(tmp_path: Path) -> None:
     root = v1_root(tmp_path)

@@ -137,3 +137,20 @@ def test_parse_never_raises_other_errors(text: str) -> None:
     except CPUSetParseError:
         return
     assert CPUSet.parse(s.format()) == s
+
+
+def test_parsed_sets_are_shared_and_the_cache_is_bounded() -> None:
+    from dracpu import cpuset
+
+    assert CPUSet.parse("0-3,8") is CPUSet.parse("0-3,8")
+    # A bad string is never cached: it raises every time.
+    for _ in range(2):
+        with pytest.raises(CPUSetParseError):
+            CPUSet.parse("3-1")
+    long_text = ",".join(str(i) for i in range(0, 400, 2))
+    assert len(long_text) > cpuset._PARSED_KEY_LIMIT
+    assert CPUSet.parse(long_text) == CPUSet(range(0, 400, 2))
+    assert long_text not in cpuset._PARSED
+    for i in range(cpuset._PARSED_LIMIT + 10):
+        CPUSet.parse(str(i))
+    assert len(cpuset._PARSED) <= cpuset._PARSED_LIMIT

@@ -3,10 +3,12 @@
 A runtime can call an update a success that it never applied: containerd leaves updates
 marked ``ignore_failure`` out of the failed list it returns (docs/how-it-works.md, "Verify,
 don't trust"), and a runtime can apply an update while the cgroup ends up elsewhere. The
-verifier reads ``VerifyCpusets`` messages, reads each container's effective cpuset from
-cgroupfs in a worker thread, and writes those that differ through the cgroupfs writer
-(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``) — after asking the state
-owner again, so a newer intent is never overwritten by an older one. For a pool change it
+verifier reads ``VerifyCpusets`` messages, asks the state owner which intents still hold,
+and in one pass in a worker thread reads each such container's effective cpuset from
+cgroupfs and writes those that differ through the cgroupfs writer
+(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). Pushes are verified in
+order, so a write from an intent that changed during the pass is put right by the pass of
+the push that changed it. For a pool change it
 observes ``dracpu_pool_convergence_seconds`` once every container is verified.
 
 A claim holder's adjustment is verified too, once its container exists: the runtime
@@ -16,6 +18,7 @@ for the directory in a task of their own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -23,8 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 import trio
 
 from dracpu.cgroupfs.paths import CgroupPathError
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
-from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.cgroupfs.writer import CgroupWriter, WriteOutcome
 from dracpu.messages import ContainerIntent, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 
@@ -70,10 +72,22 @@ class Verifier:
                     await self.verify(message)
 
     async def verify(self, message: VerifyCpusets) -> list[str]:
-        """Verify now; returns the ids of the containers written because they differed."""
-        wanted = [i for i in message.intents if i.cgroups_path]
-        differing = await trio.to_thread.run_sync(self._differing, wanted)
-        written = await self._rewrite(differing)
+        """Verify now; returns the ids of the containers written because they differed.
+
+        The owner is asked first and only what it still intends is checked: a newer push
+        is on its way and will be verified in turn (messages are verified in order, so a
+        write from an older intent is put right by the newer one's pass). Then one pass in
+        a worker thread reads each cgroup back and writes those that differ.
+        """
+        current = {i.container_id: i for i in self._intents()}
+        wanted = [
+            i for i in message.intents if i.cgroups_path and _same(current.get(i.container_id), i)
+        ]
+        with trio.CancelScope(shield=True):
+            results = await trio.to_thread.run_sync(
+                functools.partial(self.writer.write_many, wanted, only_differing=True)
+            )
+        written = self._account(results)
         self.verified += len(wanted)
         if message.since and self.metrics is not None:
             self.metrics.pool_convergence.observe(max(0.0, trio.current_time() - message.since))
@@ -96,37 +110,9 @@ class Verifier:
         except CgroupPathError:
             return True  # nothing to wait for: the path cannot be resolved at all
 
-    def _differing(self, intents: Sequence[ContainerIntent]) -> list[ContainerIntent]:
-        """Blocking: the intents whose cgroup enforces something else (gone ones skipped)."""
-        out: list[ContainerIntent] = []
-        for intent in intents:
-            try:
-                directory = self.writer.directory_of(intent.cgroups_path)
-                if not os.path.isdir(directory):
-                    continue  # stopped meanwhile, or never created
-                if self._differs(directory, intent):
-                    out.append(intent)
-            except (CgroupPathError, CgroupWriteError, CPUSetParseError):
-                continue  # no hierarchy (warned at start), or the cgroup vanished mid-read
-        return out
-
-    def _differs(self, directory: str, intent: ContainerIntent) -> bool:
-        if self.writer.read_effective_cpus(directory) != CPUSet.parse(intent.cpus):
-            return True
-        mems = intent.mems
-        return bool(mems) and self.writer.read_effective_mems(directory) != CPUSet.parse(mems)
-
-    async def _rewrite(self, differing: list[ContainerIntent]) -> list[str]:
-        if not differing:
-            return []
-        # Ask the owner again: write only what it still intends (a newer push may be on
-        # its way and will be verified in turn).
-        current = {i.container_id: i for i in self._intents()}
-        still = [i for i in differing if _same(current.get(i.container_id), i)]
-        if not still:
-            return []
-        with trio.CancelScope(shield=True):
-            results = await trio.to_thread.run_sync(self.writer.write_many, still)
+    def _account(
+        self, results: list[tuple[ContainerIntent, WriteOutcome | Exception]]
+    ) -> list[str]:
         written: list[str] = []
         for intent, outcome in results:
             if isinstance(outcome, Exception):

@@ -386,9 +386,14 @@ class CgroupWriter:
             return self._write(intent, _SetCache())
 
     def write_many(
-        self, intents: Iterable[ContainerIntent]
+        self, intents: Iterable[ContainerIntent], *, only_differing: bool = False
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        """Write several containers, reading each shared ancestor once."""
+        """Write several containers, reading each shared ancestor once.
+
+        With ``only_differing`` each container's effective set is read first and only
+        those that enforce something else are written (and listed); a container whose
+        cgroup is gone is skipped. One pass, one thread: the verifier's read-back.
+        """
         cache = _SetCache()
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
         # One lock for the batch: the cached ancestor sets stay true only while no other
@@ -396,6 +401,8 @@ class CgroupWriter:
         with self._lock:
             for intent in intents:
                 try:
+                    if only_differing and not self._differs(intent):
+                        continue
                     results.append((intent, self._write(intent, cache)))
                 except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
                     # A failed write may have left the cache describing a write that did
@@ -403,6 +410,26 @@ class CgroupWriter:
                     cache = _SetCache()
                     results.append((intent, exc))
         return results
+
+    def _differs(self, intent: ContainerIntent) -> bool:
+        """Whether the container's cgroup enforces other CPUs (or memory nodes) than the
+        intent; False when the cgroup is gone or cannot be found (no hierarchy: warned at
+        start; nothing to write into)."""
+        try:
+            directory = self.directory_of(intent.cgroups_path)
+        except CgroupPathError:
+            return False
+        try:
+            if self.read_effective_cpus(directory) != _intent_set(intent, "cpus", intent.cpus):
+                return True
+            if not intent.mems:
+                return False
+            return self.read_effective_mems(directory) != _intent_set(intent, "mems", intent.mems)
+        except CgroupWriteError as exc:
+            if exc.errno == errno_mod.ENOENT:
+                self.forget(intent.cgroups_path)
+                return False  # stopped meanwhile, or never created
+            raise
 
     # -- Trio side ----------------------------------------------------------------------
     async def write_async(self, intent: ContainerIntent) -> WriteOutcome:
