@@ -17,11 +17,15 @@ restart: from the runtime binding its socket again to the session synchronized; 
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -34,14 +38,20 @@ from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import VerifyCpusets
+from dracpu.nri.handlers import EVENT_MASK
+from dracpu.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
+from dracpu.nri.peer import RUNTIME_SERVICE, MuxPeer
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
 from dracpu.nri.session import NRISession
+from dracpu.nri.ttrpc import RequestReceived
+from dracpu.proto.nri import api_pb2
 from dracpu.sim.runtime import RuntimeSimulator
 from dracpu.state import NodeState
 
 WARMUP = 200
-CREATES = 2000
+CREATES = 1000
+ROUNDS = 5
 SHARED = 1000
 POOL_RUNS = 7
 CONVERGE_RUNS = 5
@@ -56,6 +66,7 @@ def _percentile(samples: list[float], q: float) -> float:
 
 async def _main(sock_dir: str, cgroup_root: str) -> None:
     cpus = CPUSet.parse("0-63")
+    await _create_round_trips(sock_dir, cgroup_root, cpus)
     store = AllocationStore(cpus, CPUSet())
     state = NodeState(store)
     plugin = NRIPlugin(state)
@@ -66,22 +77,6 @@ async def _main(sock_dir: str, cgroup_root: str) -> None:
         await nursery.start(sim.run)
         await nursery.start(session.run)
         await sim.wait_plugin_ready()
-        await sim.create_pod("bench", "bench")
-
-        store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
-        samples: list[float] = []
-        for i in range(WARMUP + CREATES):
-            env = ["DRA_CPUSET_A=0-3"] if i % 2 else []
-            start = time.perf_counter()
-            cid = await sim.create_container("bench", f"c{i % 2}", env)
-            elapsed = time.perf_counter() - start
-            if i >= WARMUP:
-                samples.append(elapsed)
-            await sim.remove_container(cid)
-        store.release("A")
-        print(f"create_container_p50_ms: {_percentile(samples, 0.50) * 1000:.3f}")
-        print(f"create_container_p99_ms: {_percentile(samples, 0.99) * 1000:.3f}")
-
         await sim.create_pod("shared", "shared")
         for i in range(SHARED):
             await sim.create_container("shared", f"s{i}")
@@ -141,6 +136,127 @@ async def _pool_convergence(
     return statistics.median(runs)
 
 
+async def _create_round_trips(sock_dir: str, cgroup_root: str, cpus: CPUSet) -> None:
+    """CreateContainer as the runtime sees it: the simulated runtime runs in a child process
+    (as a real one does) and times each call, first against the echo plugin (the floor: the
+    same socket, mux and ttrpc code, no decision), then against dracpu's session."""
+    socket_path = os.path.join(sock_dir, "create.sock")
+    tree = os.path.join(cgroup_root, "create")
+    child = await trio.lowlevel.open_process(
+        [sys.executable, __file__, "--runtime", socket_path, tree], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    lines = _Lines(child.stdout)
+    try:
+        await lines.next()  # the runtime's socket is bound
+        store = AllocationStore(cpus, CPUSet())
+        store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
+        plugin = NRIPlugin(NodeState(store))
+        echo: list[list[float]] = []
+        dracpu: list[list[float]] = []
+        # Rounds alternate (echo, dracpu, echo, ...) so a machine that gets busier or
+        # quieter meanwhile weighs on both alike.
+        for _ in range(ROUNDS):
+            for serve, samples in (
+                (functools.partial(_echo_plugin, socket_path), echo),
+                (NRISession(socket_path, plugin).run, dracpu),
+            ):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve)
+                    samples.append(json.loads(await lines.next()))
+                    nursery.cancel_scope.cancel()
+    finally:
+        child.kill()
+        await child.wait()
+    # The ratio is the median of each round's ratio to the echo round just before it.
+    ratio = statistics.median(
+        _percentile(d, 0.50) / _percentile(e, 0.50) for e, d in zip(echo, dracpu, strict=True)
+    )
+    p50 = _percentile([t for r in dracpu for t in r], 0.50)
+    floor = _percentile([t for r in echo for t in r], 0.50)
+    print(f"create_container_p50_us: {p50 * 1e6:.1f}")
+    print(f"create_container_p99_us: {_percentile([t for r in dracpu for t in r], 0.99) * 1e6:.1f}")
+    print(f"create_container_echo_p50_us: {floor * 1e6:.1f}")
+    print(f"create_container_vs_echo: {ratio:.2f}")
+
+
+class _Lines:
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    async def next(self) -> str:
+        while b"\n" not in self._buffer:
+            data = await self._stream.receive_some(65536)
+            if not data:
+                raise RuntimeError("the runtime child ended early")
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+
+async def _runtime_child(socket_path: str, cgroup_root: str) -> None:
+    """The child: a simulated runtime timing CreateContainer; one JSON line per round."""
+    sim = _TimedRuntime(socket_path, cgroup_root, node_cpus="0-63")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.run)
+        await sim.create_pod("bench", "bench")
+        print("ready", flush=True)
+        for _ in range(2 * ROUNDS):  # a plugin per round: echo and dracpu in turn
+            await sim.wait_plugin_ready()
+            print(json.dumps(await _creates(sim)), flush=True)
+            await sim.wait_plugin_gone()
+        await trio.sleep_forever()
+
+
+async def _creates(sim: _TimedRuntime) -> list[float]:
+    """Create and remove containers, half of them claim holders; the CreateContainer round
+    trips (runtime's request out -> plugin's reply decoded), warm-up left out."""
+    sim.create_calls.clear()
+    for i in range(WARMUP + CREATES):
+        env = ["DRA_CPUSET_A=0-3"] if i % 2 else []
+        cid = await sim.create_container("bench", f"c{i % 2}", env)
+        await sim.remove_container(cid)
+    return sim.create_calls[WARMUP:]
+
+
+class _TimedRuntime(RuntimeSimulator):
+    """The simulator, timing each CreateContainer call to the plugin."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.create_calls: list[float] = []
+
+    async def _call(self, plugin: Any, method: str, request: Any, reply_type: Any) -> Any:
+        if method != "CreateContainer":
+            return await super()._call(plugin, method, request, reply_type)
+        start = time.perf_counter()
+        reply = await super()._call(plugin, method, request, reply_type)
+        self.create_calls.append(time.perf_counter() - start)
+        return reply
+
+
+async def _echo_plugin(
+    socket_path: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """The floor: registers, subscribes to what dracpu does, answers everything empty."""
+    stream = await trio.open_unix_socket(socket_path)
+    configured = api_pb2.ConfigureResponse(events=EVENT_MASK).SerializeToString()
+
+    async def answer(request: RequestReceived) -> None:
+        await peer.respond(request.stream_id, configured if request.method == "Configure" else b"")
+
+    peer = MuxPeer(
+        stream, serve_conn=PLUGIN_SERVICE_CONN, call_conn=RUNTIME_SERVICE_CONN, on_request=answer
+    )
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(peer.run)
+        register = api_pb2.RegisterPluginRequest(plugin_name="echo", plugin_idx="00")
+        await peer.call(RUNTIME_SERVICE, "RegisterPlugin", register.SerializeToString(), timeout=5)
+        task_status.started()
+        await trio.sleep_forever()
+
+
 class _SignallingVerifier(Verifier):
     """The verifier, telling the bench when each pass is over."""
 
@@ -172,6 +288,9 @@ async def _reconnect(sim: RuntimeSimulator, session: NRISession) -> float:
 def main() -> None:
     # The restarts log a warning each; the figures are the output.
     logging.basicConfig(level=logging.ERROR)
+    if len(sys.argv) == 4 and sys.argv[1] == "--runtime":
+        trio.run(_runtime_child, sys.argv[2], sys.argv[3])
+        return
     sock_dir = tempfile.mkdtemp(dir="/tmp", prefix="nri-bench-")
     # cgroupfs lives in memory: keep the simulated tree on tmpfs when there is one.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None

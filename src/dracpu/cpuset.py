@@ -143,16 +143,16 @@ class CPUSet:
 
     # -- algebra ------------------------------------------------------------------------
     def __or__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask | other._mask)
+        return _of(self._mask | other._mask)
 
     def __and__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask & other._mask)
+        return _of(self._mask & other._mask)
 
     def __sub__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask & ~other._mask)
+        return _of(self._mask & ~other._mask)
 
     def __xor__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask ^ other._mask)
+        return _of(self._mask ^ other._mask)
 
     def __le__(self, other: CPUSet) -> bool:
         return self._mask & ~other._mask == 0
@@ -179,7 +179,7 @@ class CPUSet:
     def add(self, cpu: int) -> CPUSet:
         if cpu < 0:
             raise ValueError(f"cpu id must not be negative: {cpu}")
-        return CPUSet.from_mask(self._mask | 1 << cpu)
+        return _of(self._mask | 1 << cpu)
 
     def min(self) -> int:
         if not self._mask:
@@ -216,3 +216,15 @@ class CPUSet:
 
     def __repr__(self) -> str:
         return f"CPUSet({self.format()!r})"
+
+
+_new = object.__new__
+_set_mask = CPUSet._mask.__set__  # type: ignore[attr-defined,misc]  # the slot descriptor
+
+
+def _of(mask: int) -> CPUSet:
+    """A set from a mask known to be non-negative (the algebra's results): the hot path
+    of every pool and claim computation, without ``from_mask``'s checks."""
+    new = _new(CPUSet)
+    _set_mask(new, mask)
+    return new

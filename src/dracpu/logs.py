@@ -25,6 +25,7 @@ import contextvars
 import fnmatch
 import logging
 import os
+import random
 import secrets
 import time
 import traceback
@@ -139,6 +140,9 @@ class Logger:
         """An error line for the exception being handled, with its traceback."""
         self._logger.error(msg, exc_info=True, extra={_KV_ATTR: kv}, stacklevel=2)
 
+    def enabled_for(self, level: int) -> bool:
+        return self._logger.isEnabledFor(level)
+
     def _log_at(self, level: int, msg: str, kv: Mapping[str, object], stacklevel: int) -> None:
         if self._logger.isEnabledFor(level):
             self._logger.log(level, msg, extra={_KV_ATTR: dict(kv)}, stacklevel=stacklevel + 1)
@@ -173,12 +177,16 @@ class operation:  # lower case: used like a function, ``with operation(...) as o
         self._logger = logger or _OPERATION_LOGGER
         self._new_id = new_id or _random_op_id
         self._token: contextvars.Token[str | None] | None = None
+        self._logged = False
         self.op_id = ""
 
     def __enter__(self) -> str:
         self.op_id = self._new_id()
         self._token = _op_id.set(self.op_id)
-        if self.message is not None:
+        # Hot paths (every NRI event) open an operation whose lines are usually filtered:
+        # decide once whether to build them at all.
+        self._logged = self.message is not None and self._logger.enabled_for(self._level)
+        if self._logged:
             self._logger._log_at(self._level, f"begin: {self.message}", self.kv, stacklevel=2)
         return self.op_id
 
@@ -189,7 +197,7 @@ class operation:  # lower case: used like a function, ``with operation(...) as o
         tb: TracebackType | None,
     ) -> None:
         try:
-            if self.message is not None:
+            if self._logged:
                 kv = dict(self.kv)
                 if exc is not None:
                     kv["err"] = _describe_error(exc)
@@ -203,8 +211,13 @@ class operation:  # lower case: used like a function, ``with operation(...) as o
 _OPERATION_LOGGER = Logger("dracpu")
 
 
+# Operation ids tell lines apart, they guard nothing: a generator seeded once from the OS
+# saves a getrandom(2) call on every NRI event.
+_OP_IDS = random.Random(secrets.randbits(64))
+
+
 def _random_op_id() -> str:
-    return secrets.token_hex(4)
+    return f"{_OP_IDS.getrandbits(32):08x}"
 
 
 def _describe_error(err: object) -> str:

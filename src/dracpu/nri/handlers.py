@@ -63,6 +63,19 @@ def fill_updates(target: Any, updates: Sequence[ContainerIntent]) -> None:
             message.ignore_failure = True
 
 
+def _adjustment(cpus: str, mems: str, updates: Sequence[ContainerIntent]) -> bytes:
+    """A CreateContainerResponse: the new container's cpuset, other containers' updates."""
+    response = api_pb2.CreateContainerResponse()
+    cpu = response.adjust.linux.resources.cpu
+    cpu.cpus = cpus
+    cpu.mems = mems
+    fill_updates(response.update, updates)
+    return _serialize(response)
+
+
+_REPLY_CACHE_LIMIT: Final = 256
+
+
 @dataclass(frozen=True, slots=True)
 class PendingSync:
     """Every chunk of one Synchronize, ready for the decision."""
@@ -83,6 +96,7 @@ class PluginHandlers:
         holder's cpuset and other containers' updates), for the session to verify."""
         self._pods: list[api_pb2.PodSandbox] = []
         self._containers: list[api_pb2.Container] = []
+        self._replies: dict[tuple[str, str], bytes] = {}
         self._handlers: dict[str, Callable[[bytes], bytes]] = {
             "Configure": self._configure,
             "CreateContainer": self._create_container,
@@ -141,26 +155,32 @@ class PluginHandlers:
 
     def _create_container(self, payload: bytes) -> bytes:
         request = api_pb2.CreateContainerRequest.FromString(payload)
-        decision = self.plugin.create_container(request.pod, request.container)
-        self.applied = list(decision.updates)
         container = request.container
+        decision = self.plugin.create_container(request.pod, container)
+        cpus = decision.cpus.format()
+        self.applied = list(decision.updates)
         if decision.claim_uids and container.linux.cgroups_path:
             self.applied.append(
                 ContainerIntent(
                     container_id=container.id,
                     cgroups_path=container.linux.cgroups_path,
-                    cpus=decision.cpus.format(),
+                    cpus=cpus,
                     mems=decision.mems,
                     pod_uid=request.pod.uid,
                     name=container.name,
                 )
             )
-        response = api_pb2.CreateContainerResponse()
-        cpu = response.adjust.linux.resources.cpu
-        cpu.cpus = decision.cpus.format()
-        cpu.mems = decision.mems
-        fill_updates(response.update, decision.updates)
-        return _serialize(response)
+        if decision.updates:
+            return _adjustment(cpus, decision.mems, decision.updates)
+        # Most replies are one of a few adjustments (the pool, a claim's CPUs): keep their
+        # bytes rather than build the nested messages on every container start.
+        key = (cpus, decision.mems)
+        reply = self._replies.get(key)
+        if reply is None:
+            if len(self._replies) >= _REPLY_CACHE_LIMIT:
+                self._replies.clear()
+            reply = self._replies[key] = _adjustment(cpus, decision.mems, ())
+        return reply
 
     def _stop_container(self, payload: bytes) -> bytes:
         request = api_pb2.StopContainerRequest.FromString(payload)

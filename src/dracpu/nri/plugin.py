@@ -177,6 +177,8 @@ class NRIPlugin:
             claims = parse_dra_env(container.env)
         except DRAEnvError as exc:
             raise NRIPluginError(str(exc)) from None
+        # Each protobuf field read builds a new object: read each once.
+        pod_uid, name = pod.uid, container.name
         cgroups_path = cgroups_path_of(container)
         if not claims:
             pool = self._state.shared_pool
@@ -184,8 +186,8 @@ class NRIPlugin:
                 raise NRIPluginError(EMPTY_SHARED_POOL)
             self._state.put_container(
                 ContainerRecord(
-                    pod_uid=pod.uid,
-                    name=container.name,
+                    pod_uid=pod_uid,
+                    name=name,
                     container_id=container.id,
                     cgroups_path=cgroups_path,
                 )
@@ -194,7 +196,7 @@ class NRIPlugin:
 
         claim_uids = tuple(claims)
         try:
-            newly_bound = self._state.bind(pod.uid, container.name, claim_uids)
+            newly_bound = self._state.bind(pod_uid, name, claim_uids)
         except OwnerError as exc:
             raise NRIPluginError(str(exc)) from None
         try:
@@ -206,8 +208,8 @@ class NRIPlugin:
         guaranteed = self._state.holder_cpus(claim_uids)
         self._state.put_container(
             ContainerRecord(
-                pod_uid=pod.uid,
-                name=container.name,
+                pod_uid=pod_uid,
+                name=name,
                 container_id=container.id,
                 claim_uids=claim_uids,
                 cgroups_path=cgroups_path,

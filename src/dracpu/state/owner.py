@@ -177,7 +177,10 @@ class NodeState:
     def holder_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
         """A claim holder's whole cpuset: its claims' CPUs, plus the shared pool when one
         of them asked for ``sharedPoolAccess``."""
-        cpus = self.claims_cpus(claim_uids)
+        if len(claim_uids) == 1:  # the usual holder: one claim, no union to build
+            cpus = self.store.cpus_of(claim_uids[0]) or CPUSet()
+        else:
+            cpus = self.claims_cpus(claim_uids)
         if self.follows_pool(claim_uids):
             cpus |= self.store.shared_pool
         return cpus
