@@ -32,11 +32,15 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)  # makedirs' mode is filtered by the umask
 
 
-def atomic_write(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o755) -> None:
+def atomic_write(
+    path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o755, durable: bool = True
+) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half.
 
     The temp name ``spec.*.tmp`` does not end in ``.json``, so runtimes watching a CDI
-    directory ignore it. Raises OSError; the temp file never survives a failure.
+    directory ignore it. Raises OSError; the temp file never survives a failure. Without
+    ``durable`` the file and directory are not fsynced: for tmpfs, where an fsync keeps
+    nothing (the rename is atomic either way).
     """
     parent = os.path.dirname(path) or "."
     ensure_dir(parent, dir_mode)
@@ -49,7 +53,8 @@ def atomic_write(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0
                 view = view[os.write(fd, view) :]
             if mode != 0o600:
                 os.fchmod(fd, mode)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -57,4 +62,5 @@ def atomic_write(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(parent)
+    if durable:
+        fsync_dir(parent)

@@ -194,6 +194,7 @@ def test_grouped_no_allocation() -> None:
     [
         (None, 'CPU capacity "dra.cpu/cpu" for device "cpudevnuma000" is missing'),
         ("0", 'CPU capacity for device "cpudevnuma000" must be positive, got 0'),
+        ("000", 'CPU capacity for device "cpudevnuma000" must be positive, got 000'),
         ("-1", 'CPU capacity for device "cpudevnuma000" must be positive, got -1'),
         ("-500m", 'CPU capacity for device "cpudevnuma000" must be positive, got -500m'),
         ("500m", 'CPU capacity for device "cpudevnuma000" must be a whole number, got 500m'),
@@ -210,6 +211,14 @@ def test_grouped_capacity_errors(capacity: str | None, message: str) -> None:
     st = store()
     assert err(claim(res("cpudevnuma000", capacity)), NUMA, st) == message
     assert len(st) == 0
+
+
+@pytest.mark.parametrize("capacity", ["2", "02", "2000m", "2e0", "+2", "0.002k"])
+def test_grouped_capacity_spellings_agree(capacity: str) -> None:
+    # Plain digits take a short path past the quantity parser: same answer either way.
+    p = plan(claim(res("cpudevnuma001", capacity)), NUMA, store())
+    assert p.cpus == cs("2,6")
+    assert p.devices == (dev("cpudevnuma001", allocated=2),)
 
 
 def test_grouped_capacity_in_milli_units() -> None:

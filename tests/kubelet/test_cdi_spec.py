@@ -119,6 +119,26 @@ def test_remove(tmp_path: Path) -> None:
     remove_claim_spec(str(tmp_path / "missing-dir"), UID)
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_fsyncs_only_when_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = write_claim_spec(str(tmp_path), UID, CPUSet.parse("0-3"), durable=durable)
+    assert Path(path).read_bytes() == GOLDEN
+    assert len(synced) == (2 if durable else 0)  # the file, then the directory
+    remove_claim_spec(str(tmp_path), UID, durable=durable)
+    assert os.listdir(tmp_path) == []
+    assert len(synced) == (3 if durable else 0)
+
+
 def test_remove_failure(tmp_path: Path) -> None:
     target = Path(claim_spec_path(str(tmp_path), UID))
     (target / "x").mkdir(parents=True)

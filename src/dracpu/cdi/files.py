@@ -55,17 +55,20 @@ def _describe(exc: OSError) -> str:
     return f"{where}{exc.strerror or exc}"
 
 
-def write_claim_spec(cdi_dir: str, claim_uid: str, cpus: CPUSet) -> str:
-    """Write (or overwrite with identical content) the claim's spec atomically; its path."""
+def write_claim_spec(cdi_dir: str, claim_uid: str, cpus: CPUSet, *, durable: bool = True) -> str:
+    """Write (or overwrite with identical content) the claim's spec atomically; its path.
+
+    ``durable=False`` leaves out the fsyncs (a directory on tmpfs, where they keep nothing).
+    """
     path = claim_spec_path(cdi_dir, claim_uid)
     try:
-        atomic_write(path, claim_spec_bytes(claim_uid, cpus))
+        atomic_write(path, claim_spec_bytes(claim_uid, cpus), durable=durable)
     except OSError as exc:
         raise CDIError(f"failed to write CDI spec {go_quote(path)}: {_describe(exc)}") from exc
     return path
 
 
-def remove_claim_spec(cdi_dir: str, claim_uid: str) -> None:
+def remove_claim_spec(cdi_dir: str, claim_uid: str, *, durable: bool = True) -> None:
     """Delete the claim's spec; a spec that is already gone is fine."""
     path = claim_spec_path(cdi_dir, claim_uid)
     try:
@@ -74,6 +77,8 @@ def remove_claim_spec(cdi_dir: str, claim_uid: str) -> None:
         return
     except OSError as exc:
         raise CDIError(f"failed to remove CDI spec {go_quote(path)}: {_describe(exc)}") from exc
+    if not durable:
+        return
     # The file is gone; making the removal durable is best effort.
     with contextlib.suppress(OSError):
         fsync_dir(cdi_dir)

@@ -16,6 +16,7 @@ keeps the claim until the checkpoint without it is on disk.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -166,9 +167,22 @@ class DRAService:
 
     async def _file_io_result(self, fn: Callable[..., T], *args: object) -> T:
         """Spec file I/O: inline on tmpfs (cheaper than a thread hop), else in a thread."""
+        return await self._serial.run_blocking(fn, *args, inline=not self._on_disk())
+
+    def _on_disk(self) -> bool:
         if self._offload_io is None:
             self._offload_io = not on_memory_filesystem(self.cdi_dir)
-        return await self._serial.run_blocking(fn, *args, inline=not self._offload_io)
+        return self._offload_io
+
+    async def _write_spec(self, claim_uid: str, cpus: CPUSet) -> None:
+        # On tmpfs (/var/run/cdi on real nodes) an fsync keeps nothing that a crash of
+        # dracpu could lose, and the rename is atomic either way: skip them there.
+        write = functools.partial(write_claim_spec, durable=self._on_disk())
+        await self._file_io(write, self.cdi_dir, claim_uid, cpus)
+
+    async def _remove_spec(self, claim_uid: str) -> None:
+        remove = functools.partial(remove_claim_spec, durable=self._on_disk())
+        await self._file_io(remove, self.cdi_dir, claim_uid)
 
     async def _remove_metadata(self, ref: ClaimRef) -> None:
         if self.plugin_data_dir is not None:
@@ -254,7 +268,7 @@ class DRAService:
         except PrepareError as exc:
             return ClaimPrepareResult(error=str(exc))
         try:
-            await self._file_io(write_claim_spec, self.cdi_dir, claim.uid, plan.cpus)
+            await self._write_spec(claim.uid, plan.cpus)
         except CDIError as exc:
             self.state.abort_prepare(plan)
             log.info("prepare of claim %s failed: %s", where, exc)
@@ -291,7 +305,7 @@ class DRAService:
         except StateFileError as exc:
             self.state.abort_prepare(plan)
             try:
-                await self._file_io(remove_claim_spec, self.cdi_dir, claim.uid)
+                await self._remove_spec(claim.uid)
             except CDIError as rm_exc:
                 log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
             return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
@@ -328,7 +342,7 @@ class DRAService:
                 # No spec can exist under such a name; a claim we never had is simply done.
                 return "" if record is None else str(exc)
             try:
-                await self._file_io(remove_claim_spec, self.cdi_dir, ref.uid)
+                await self._remove_spec(ref.uid)
             except CDIError as exc:
                 log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
                 return str(exc)
@@ -343,7 +357,7 @@ class DRAService:
             # and the kubelet retries the unprepare.
             self.state.abort_unprepare(ref.uid)
             try:
-                await self._file_io(write_claim_spec, self.cdi_dir, ref.uid, record.cpus)
+                await self._write_spec(ref.uid, record.cpus)
             except CDIError as write_exc:
                 log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
             return f"failed to record claim {ref.namespace}/{ref.name}: {exc}"
