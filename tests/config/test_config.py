@@ -428,7 +428,7 @@ def test_deeply_nested_document(cfg_file: Path, depth: int) -> None:
     sys.setrecursionlimit(20000)
     try:
         assert error_of(cfg_file, "a: " + "[" * depth + "]" * depth + "\n") == (
-            "cannot apply P: parsing P: the document is nested too deeply"
+            "cannot apply P: parsing P: the document is nested too deeply (more than 100 levels)"
         )
     finally:
         sys.setrecursionlimit(old)

@@ -18,12 +18,10 @@ import yaml
 import yaml.constructor
 
 from dracpu.flags import go_int_literal
+from dracpu.yamlguard import MAX_YAML_DEPTH, YamlTooDeep, check_nesting
 
 __all__ = ["MAX_YAML_DEPTH", "GoYamlDumper", "GoYamlError", "GoYamlLoader", "load"]
 
-# Deeper than any real config; checked before composing, whose recursion depth would
-# otherwise depend on the interpreter's recursion limit (which libraries change).
-MAX_YAML_DEPTH = 100
 
 _STR = "tag:yaml.org,2002:str"
 _NULL = "tag:yaml.org,2002:null"
@@ -176,24 +174,8 @@ GoYamlLoader.add_constructor("tag:yaml.org,2002:binary", _construct_binary)
 GoYamlLoader.add_constructor(_MAP, _construct_map)
 
 
-class _TooDeep(Exception):
-    pass
-
-
-def _check_depth(text: str) -> None:
-    depth = 0
-    # The event parser is a state machine: it does not recurse however deep the document.
-    for event in yaml.parse(text, Loader=GoYamlLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                raise _TooDeep
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-
-
 def _parse(text: str) -> Any:
-    _check_depth(text)
+    check_nesting(text, GoYamlLoader)
     loader = GoYamlLoader(text)  # the reader already refuses control characters here
     try:
         return loader.get_single_data()
@@ -225,5 +207,7 @@ def load(raw: bytes) -> Any:
         return _parse(text)
     except yaml.YAMLError as err:
         raise GoYamlError(_yaml_problem(err)) from err
-    except (RecursionError, _TooDeep) as err:
+    except YamlTooDeep as err:
+        raise GoYamlError(str(err)) from err
+    except RecursionError as err:  # a limit lowered below MAX_YAML_DEPTH's needs
         raise GoYamlError("the document is nested too deeply") from err

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from dracpu.topology.model import Topology
+from dracpu.yamlguard import YamlTooDeep, check_nesting
 
 __all__ = [
     "DELETE_AFTER_START",
@@ -157,9 +158,12 @@ def _deployment_pods(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
 def parse_scenario(text: str, source: str = "scenario") -> Scenario:
     """Parse and check a scenario stream. Raises ScenarioError."""
     try:
+        check_nesting(text)
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{source}: not valid YAML: {exc}") from None
+    except YamlTooDeep as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     if not docs:
         raise ScenarioError(f"{source}: no documents")
     scenario = Scenario()
