@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 PLUGIN_SERVICE: Final = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE: Final = "nri.pkg.api.v1alpha1.Runtime"
 _READ_SIZE: Final = 65536
+# Payload bytes handled between two checkpoints (~6 ms of the worst frames measured).
+_STEP_BYTES: Final = 8192
 
 
 class PeerClosed(Exception):
@@ -110,30 +112,48 @@ class MuxPeer:
         return reason
 
     async def _receive(self, data: bytes) -> None:
+        # A step at a time: a read of thousands of tiny frames (or one mux frame packed
+        # with them) lets the rest of the daemon run every _STEP_BYTES of payload.
+        budget = _STEP_BYTES
         for event in self._mux.receive_data(data):
             if isinstance(event, MuxFrameDropped):
                 log.debug("dropped a mux frame for unused connection %d", event.conn_id)
                 continue
-            if event.conn_id == self._serve_conn:
-                for request in self._server.receive_data(event.payload):
-                    if isinstance(request, RequestReceived):
-                        await self._on_request(request)
-                    else:
-                        log.warning(
-                            "rejected a request on stream %d: %s",
-                            request.stream_id,
-                            request.status.message,
-                        )
-                        await self.flush()
+            payload = event.payload
+            for start in range(0, max(len(payload), 1), _STEP_BYTES):
+                chunk = (
+                    payload[start : start + _STEP_BYTES] if len(payload) > _STEP_BYTES else payload
+                )
+                if event.conn_id == self._serve_conn:
+                    await self._serve(chunk)
+                else:
+                    self._replies(chunk)
+                budget -= len(chunk) + 1
+                if budget <= 0:
+                    await trio.lowlevel.checkpoint()
+                    budget = _STEP_BYTES
+
+    async def _serve(self, data: bytes) -> None:
+        for request in self._server.receive_data(data):
+            if isinstance(request, RequestReceived):
+                await self._on_request(request)
             else:
-                for reply in self._client.receive_data(event.payload):
-                    if not isinstance(reply, ResponseReceived):
-                        log.debug("dropped a late reply on stream %d", reply.stream_id)
-                        continue
-                    pending = self._pending.pop(reply.stream_id, None)
-                    if pending is not None:
-                        pending.result = reply.result
-                        pending.done.set()
+                log.warning(
+                    "rejected a request on stream %d: %s",
+                    request.stream_id,
+                    request.status.message,
+                )
+                await self.flush()
+
+    def _replies(self, data: bytes) -> None:
+        for reply in self._client.receive_data(data):
+            if not isinstance(reply, ResponseReceived):
+                log.debug("dropped a late reply on stream %d", reply.stream_id)
+                continue
+            pending = self._pending.pop(reply.stream_id, None)
+            if pending is not None:
+                pending.result = reply.result
+                pending.done.set()
 
     def _close_pending(self, reason: str) -> None:
         self._closed = reason
