@@ -44,8 +44,9 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
 
 FIXTURE = Path(_HERE).parent / "tests" / "fake_sysfs" / "epyc-nps4"
 IN_FLIGHT = 16
@@ -54,6 +55,7 @@ ROUNDS = 10  # each client prepares and unprepares each of its claims this many 
 LATENCY_CYCLES = 300
 PAIRS = 4
 SERVERS = ("trio", "grpclib")
+R = TypeVar("R")
 DRAIN_SERVERS = ("durable", "grpclib-durable")
 DRAIN_RUNS = 3
 NODE = "node-a"
@@ -373,11 +375,17 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _alternated(kinds: tuple[str, str], rounds: int, run: Callable[[str], R]) -> dict[str, list[R]]:
+    """``rounds`` runs of each kind, A B, B A, ... so drift weighs on both alike."""
+    results: dict[str, list[R]] = {k: [] for k in kinds}
+    for i in range(rounds):
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            results[kind].append(run(kind))
+    return results
+
+
 def main() -> None:
-    runs: dict[str, list[tuple[float, float, list[float]]]] = {k: [] for k in SERVERS}
-    for i in range(PAIRS):
-        for kind in SERVERS if i % 2 == 0 else SERVERS[::-1]:
-            runs[kind].append(_run_once(kind))
+    runs = _alternated(SERVERS, PAIRS, _run_once)
     figures = {}
     for kind in SERVERS:
         pooled = [x for _, _, lat in runs[kind] for x in lat]
@@ -401,10 +409,7 @@ def main() -> None:
     print(f"grpclib_prepare_p99_ms: {p99:.2f} ms")
     print(f"grpclib_prepare_rps: {rps:.0f} calls/s")
     print(f"grpclib_prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
-    drains: dict[str, list[tuple[float, float]]] = {k: [] for k in DRAIN_SERVERS}
-    for i in range(DRAIN_RUNS):
-        for kind in DRAIN_SERVERS if i % 2 == 0 else DRAIN_SERVERS[::-1]:
-            drains[kind].append(_run_concurrent(kind))
+    drains = _alternated(DRAIN_SERVERS, DRAIN_RUNS, _run_concurrent)
     for kind, prefix in zip(DRAIN_SERVERS, ("", "grpclib_"), strict=True):
         unprepare_p50 = statistics.median(u for u, _ in drains[kind])
         pairs_rps = statistics.median(r for _, r in drains[kind])
