@@ -38,6 +38,7 @@ if __name__ == "grpc":
     del sys.modules["grpc"]
     sys.modules["grpc"] = importlib.import_module("grpc")
 
+import contextlib  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -119,9 +120,23 @@ class _AsyncioSerial:
         import asyncio
 
         self._lock = asyncio.Lock()
+        self._claims: dict[str, Any] = {}
 
     def lock(self) -> Any:
         return self._lock
+
+    @contextlib.asynccontextmanager
+    async def claim_turn(self, claim_uid: str) -> Any:
+        import asyncio
+
+        while (busy := self._claims.get(claim_uid)) is not None:
+            await busy.wait()
+        done = self._claims[claim_uid] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._claims[claim_uid]
+            done.set()
 
     async def run_blocking(self, fn: Any, *args: object, inline: bool = False) -> Any:
         import asyncio

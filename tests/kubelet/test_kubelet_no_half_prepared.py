@@ -116,3 +116,57 @@ async def test_claim_becomes_visible_only_after_its_checkpoint(
     assert node.store.cpus_of("slow") is not None
     assert plugin.create_container(pod, container).cpus.format() == cpus
     assert node.changes == [node.store.shared_pool.format()]
+
+
+async def _settled(results: list[Any], count: int) -> None:
+    while len(results) < count:
+        await trio.sleep(0.01)
+
+
+async def test_a_second_prepare_of_the_claim_waits_for_the_first_to_be_durable(
+    nursery: trio.Nursery, cdi_dir: str
+) -> None:
+    node = make_node(cdi_dir)
+    write = BlockedWrite()
+    ref, cpus, first = await prepare_blocked(nursery, node, cdi_dir, write, "twice")
+    second: list[Any] = []
+
+    async def again() -> None:
+        second.append(await node.service.prepare([ref]))
+
+    nursery.start_soon(again)
+    await trio.sleep(0.2)
+    # Before: the second call found the claim pending and answered (or failed) at once.
+    assert second == [] and first == []
+    write.release.set()
+    await _settled(first, 1)
+    await _settled(second, 1)
+    assert first[0][ref.uid].error == second[0][ref.uid].error == ""
+    assert first[0][ref.uid].devices == second[0][ref.uid].devices
+    assert node.store.cpus_of("twice") == node.store.durable_records()[0].cpus
+    assert node.store.cpus_of("twice").format() == cpus  # one reservation, not two
+
+
+async def test_an_unprepare_during_the_prepare_waits_and_then_releases_the_claim(
+    nursery: trio.Nursery, cdi_dir: str
+) -> None:
+    node = make_node(cdi_dir)
+    write = BlockedWrite()
+    ref, _, prepared = await prepare_blocked(nursery, node, cdi_dir, write, "gone")
+    unprepared: list[Any] = []
+
+    async def unprepare() -> None:
+        unprepared.append(await node.service.unprepare([ref]))
+
+    nursery.start_soon(unprepare)
+    await trio.sleep(0.2)
+    # Before: the unprepare removed the spec of the pending claim, which then committed
+    # without one.
+    assert unprepared == []
+    assert os.path.exists(claim_spec_path(cdi_dir, "gone"))
+    write.release.set()
+    await _settled(prepared, 1)
+    await _settled(unprepared, 1)
+    assert prepared[0][ref.uid].error == "" and unprepared[0][ref.uid].error == ""
+    assert len(node.store) == 0 and node.store.durable_records() == []
+    assert not os.path.exists(claim_spec_path(cdi_dir, "gone"))

@@ -7,7 +7,8 @@ object of this shape instead; the daemon's code has one path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import trio
@@ -29,9 +30,28 @@ class Serializer:
     def __init__(self) -> None:
         self._lock = trio.Lock()
         self._threads = trio.CapacityLimiter(2)
+        self._claims: dict[str, trio.Event] = {}
 
     def lock(self) -> trio.Lock:
         return self._lock
+
+    @asynccontextmanager
+    async def claim_turn(self, claim_uid: str) -> AsyncIterator[None]:
+        """One call at a time for one claim, from planning to the checkpoint on disk.
+
+        The lock covers planning and the spec only, so without this a second call for a
+        claim could find it pending and answer before the first call's checkpoint is
+        written (or fail it, or remove its spec). Waiting changes nothing, so a call
+        cancelled here leaves no trace.
+        """
+        while (busy := self._claims.get(claim_uid)) is not None:
+            await busy.wait()
+        done = self._claims[claim_uid] = trio.Event()
+        try:
+            yield
+        finally:
+            del self._claims[claim_uid]
+            done.set()
 
     async def run_blocking(self, fn: Callable[..., T], *args: object, inline: bool = False) -> T:
         """Run a blocking filesystem call in a worker thread (or here, when ``inline``); it

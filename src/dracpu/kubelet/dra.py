@@ -219,13 +219,14 @@ class DRAService:
         where = f"{claim.namespace}/{claim.name}"
         # Shielded from the first change of state (begin_prepare) to the commit or undo;
         # a call cancelled while it waits for the lock changes nothing.
-        with self._serial.commit_scope() as commit:
-            async with self._serial.lock():
-                staged = await self._stage(claim, where, commit)
-            if isinstance(staged, ClaimPrepareResult):
-                return staged
-            plan, new = staged
-            error = await self._persist_and_commit(claim, plan, new)
+        async with self._serial.claim_turn(claim.uid):
+            with self._serial.commit_scope() as commit:
+                async with self._serial.lock():
+                    staged = await self._stage(claim, where, commit)
+                if isinstance(staged, ClaimPrepareResult):
+                    return staged
+                plan, new = staged
+                error = await self._persist_and_commit(claim, plan, new)
         if error:
             log.info("prepare of claim %s failed: %s", where, error)
             return ClaimPrepareResult(error=error)
@@ -326,8 +327,9 @@ class DRAService:
     async def _unprepare_claim(self, ref: ClaimRef) -> str:
         """Under the lock: remove the spec and leave the claim out of the next checkpoint;
         then wait for that checkpoint (shared with other calls waiting) and release."""
-        with self._serial.commit_scope() as commit:
-            error = await self._unprepare_locked(ref, commit)
+        async with self._serial.claim_turn(ref.uid):
+            with self._serial.commit_scope() as commit:
+                error = await self._unprepare_locked(ref, commit)
         return error
 
     async def _unprepare_locked(self, ref: ClaimRef, commit: trio.CancelScope) -> str:
