@@ -223,8 +223,7 @@ class Daemon:
         self.topology, self.inventory = topo, inventory
         self.state.set_offline(topo.present - topo.online)
         if self.kubelet is not None:
-            dra = self.kubelet.dra
-            dra.inventory, dra.topology, dra.online = inventory, topo, topo.online
+            self.kubelet.dra.use_topology(topo, inventory, topo.online)
         if self.slices is not None and self.node_uid:
             self.slices.set_desired(self._desired_slices())
 

@@ -162,6 +162,11 @@ class DRAService:
         # Device metadata (§10.3) is written when the plugin's data dir is given.
         self.plugin_data_dir = plugin_data_dir
 
+    def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
+        """Plan with a new topology from now on (CPU hotplug). Planning does not await,
+        so a call plans wholly with the old one or wholly with the new one."""
+        self.topology, self.inventory, self.online = topology, inventory, online
+
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
 
