@@ -86,9 +86,11 @@ class Node:
         )
         await nursery.start(self.runtime.run)
 
-    def daemon(self) -> Daemon:
+    def daemon(self, **options: Any) -> Daemon:
         kube = KubeClient.from_kubeconfig(self.path("kubeconfig"))
-        return Daemon(self.config, kube=kube, node_name="node-a", proc_root=self.path("proc"))
+        return Daemon(
+            self.config, kube=kube, node_name="node-a", proc_root=self.path("proc"), **options
+        )
 
     def allocated_claim(self, name: str, device: str, cpus: int) -> str:
         """Create a claim allocated on ``device``; returns the UID the API server gave it."""
@@ -97,6 +99,30 @@ class Node:
         claim["status"] = {"allocation": allocation(device_result(device, cpus))}
         self.api.update("resourceclaims", claim, subresource="status")
         return str(claim["metadata"]["uid"])
+
+    async def register_until_ready(self, daemon: Daemon) -> reg_pb.PluginInfo:
+        """Register the started daemon as the kubelet would; returns once every service
+        reports ready."""
+        reg = os.path.join(self.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
+        info = await trio.to_thread.run_sync(register, reg)
+        with trio.fail_after(10):
+            while not all(daemon.readiness().values()):
+                await trio.sleep(0.05)
+        return info
+
+    async def prepare_claim(
+        self, endpoint: str, cpus: int
+    ) -> tuple[str, dra_pb.NodePrepareResourcesResponse]:
+        """Claim c1, allocated ``cpus`` CPUs of cpudevnuma001, prepared over real gRPC; its
+        UID and the kubelet's reply."""
+        uid = self.allocated_claim("c1", "cpudevnuma001", cpus)
+        request = dra_pb.NodePrepareResourcesRequest(
+            claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
+        )
+        reply = await trio.to_thread.run_sync(
+            dra_call, endpoint, "NodePrepareResources", request, dra_pb.NodePrepareResourcesResponse
+        )
+        return uid, reply
 
 
 async def test_daemon_starts_in_order_pins_and_pushes_the_pool(short_tmp: str) -> None:
@@ -112,29 +138,13 @@ async def test_daemon_starts_in_order_pins_and_pushes_the_pool(short_tmp: str) -
             assert daemon.http_port is not None and daemon.debug_port is not None
             seen["before"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/readyz")
             seen["healthz"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/healthz")
-            reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
-            info = await trio.to_thread.run_sync(register, reg)
-            seen["info"] = info
-            with trio.fail_after(10):
-                while not all(daemon.readiness().values()):
-                    await trio.sleep(0.05)
+            info = seen["info"] = await node.register_until_ready(daemon)
             seen["after"] = await trio.to_thread.run_sync(fetch, daemon.http_port, "/readyz")
             # A shared container first, then a claim prepared over real gRPC.
             await node.runtime.create_pod("p-shared", "shared")
             shared_id = await node.runtime.create_container("p-shared", "app")
             seen["shared_before"] = node.runtime.cpuset_of(shared_id)
-            uid = seen["uid"] = node.allocated_claim("c1", "cpudevnuma001", 4)
-            request = dra_pb.NodePrepareResourcesRequest(
-                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
-            )
-            reply = await trio.to_thread.run_sync(
-                dra_call,
-                info.endpoint,
-                "NodePrepareResources",
-                request,
-                dra_pb.NodePrepareResourcesResponse,
-            )
-            seen["prepare"] = reply
+            seen["uid"], seen["prepare"] = await node.prepare_claim(info.endpoint, 4)
             # The shared container follows the smaller pool without any CreateContainer.
             with trio.fail_after(10):
                 while node.runtime.cpuset_of(shared_id) == seen["shared_before"]:
@@ -276,17 +286,7 @@ async def test_align_memory_pins_mems_to_the_claims_numa_nodes(short_tmp: str) -
             await daemon.startup(s)
             reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
             info = await trio.to_thread.run_sync(register, reg)
-            uid = node.allocated_claim("c1", "cpudevnuma001", 2)
-            request = dra_pb.NodePrepareResourcesRequest(
-                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
-            )
-            await trio.to_thread.run_sync(
-                dra_call,
-                info.endpoint,
-                "NodePrepareResources",
-                request,
-                dra_pb.NodePrepareResourcesResponse,
-            )
+            uid, _ = await node.prepare_claim(info.endpoint, 2)
             cpus = daemon.state.store.cpus_of(uid).format()  # type: ignore[union-attr]
             await node.runtime.create_pod("p1", "pinned")
             ctr = await node.runtime.create_container("p1", "app", [f"DRA_CPUSET_{uid}={cpus}"])
@@ -405,34 +405,14 @@ async def test_a_claimed_cpu_taken_offline_and_back(short_tmp: str, tmp_path: Pa
 
     async with trio.open_nursery() as nursery:
         await node.start(nursery)
-        kube = KubeClient.from_kubeconfig(node.path("kubeconfig"))
-        daemon = Daemon(
-            node.config,
-            kube=kube,
-            node_name="node-a",
-            proc_root=node.path("proc"),
-            hotplug_interval=0.1,
-        )
+        daemon = node.daemon(hotplug_interval=0.1)
         sup = Supervisor()
 
         async def drive(s: Supervisor) -> None:
             await daemon.startup(s)
-            reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
-            info = await trio.to_thread.run_sync(register, reg)
-            with trio.fail_after(10):
-                while not all(daemon.readiness().values()):
-                    await trio.sleep(0.05)
-            uid = seen["uid"] = node.allocated_claim("c1", "cpudevnuma001", 4)
-            request = dra_pb.NodePrepareResourcesRequest(
-                claims=[dra_pb.Claim(namespace="default", uid=uid, name="c1")]
-            )
-            await trio.to_thread.run_sync(
-                dra_call,
-                info.endpoint,
-                "NodePrepareResources",
-                request,
-                dra_pb.NodePrepareResourcesResponse,
-            )
+            info = await node.register_until_ready(daemon)
+            uid, _ = await node.prepare_claim(info.endpoint, 4)
+            seen["uid"] = uid
             assert daemon.state is not None and daemon.kubelet is not None
             cpus = daemon.state.store.cpus_of(uid)
             assert cpus is not None

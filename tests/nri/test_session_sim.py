@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from nri_sim_node import reconnects, sim_node
+from nri_sim_node import SimNode, reconnects, sim_node
 
 from dracpu.nri.plugin import EMPTY_SHARED_POOL
 from dracpu.sim.runtime import ContainerCreateError
@@ -266,19 +268,29 @@ async def test_update_containers_timeout(
         assert await node.session.update_containers(node.plugin.shared_pool_updates()) == []
 
 
-async def test_reconnect_backoff_under_mock_clock(
-    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
-) -> None:
+@asynccontextmanager
+async def unstarted_node_with_fixed_backoff(
+    short_tmp: str, tmp_path: Path
+) -> AsyncIterator[tuple[SimNode, trio.SocketListener, float]]:
+    """A node whose session is not started yet and, once started, retries a refused dial
+    after 1, 2, 4, 8, 8... s (no jitter); with the runtime's listener and the start time."""
     async with sim_node(
         short_tmp,
         tmp_path / "cg",
         start_session=False,
         session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
     ) as node:
-        sim = node.sim
         start = trio.current_time()
-        listener = sim._listener
+        listener = node.sim._listener
         assert listener is not None
+        yield node, listener, start
+
+
+async def test_reconnect_backoff_under_mock_clock(
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with unstarted_node_with_fixed_backoff(short_tmp, tmp_path) as (node, _, start):
+        sim = node.sim
         # Take the socket away: every dial fails until it comes back at t=20.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sim.restart, 20.0)
@@ -294,16 +306,8 @@ async def test_reconnect_backoff_under_mock_clock(
 async def test_a_refusing_socket_bound_again_in_place_is_dialled_at_once(
     short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with sim_node(
-        short_tmp,
-        tmp_path / "cg",
-        start_session=False,
-        session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
-    ) as node:
+    async with unstarted_node_with_fixed_backoff(short_tmp, tmp_path) as (node, listener, start):
         sim = node.sim
-        start = trio.current_time()
-        listener = sim._listener
-        assert listener is not None
         # The socket file stays but nobody listens: dials at 0, 1, 3, 7, 15 are refused.
         sim._listener = None
         await listener.aclose()
