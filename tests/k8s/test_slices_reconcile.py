@@ -97,6 +97,38 @@ def reconciler(kube: KubeClient, want: list[dict[str, Any]], **kw: Any) -> Slice
     return SliceReconciler(kube, node_name=NODE, desired=want, **kw)
 
 
+class Loopback:
+    """The loopback API server and its client, and reconcilers started on them in the
+    test's nursery; ``sleeps`` records what those reconcilers waited."""
+
+    def __init__(self, server: SimAPIServer, kube: KubeClient, nursery: trio.Nursery) -> None:
+        self.server = server
+        self.kube = kube
+        self.nursery = nursery
+        self.sleeps = Sleeps()
+
+    def reconciler(self, want: list[dict[str, Any]], **kw: Any) -> SliceReconciler:
+        """``reconciler(...)`` on this server, sleeping through ``sleeps``."""
+        return reconciler(self.kube, want, sleep=self.sleeps, **kw)
+
+    async def start(self, want: list[dict[str, Any]], **kw: Any) -> SliceReconciler:
+        """A new ``reconciler``, running until the test ends; returns once its first sync
+        succeeded."""
+        r = self.reconciler(want, **kw)
+        await self.nursery.start(r.run)
+        return r
+
+
+@pytest.fixture
+async def loopback(
+    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
+) -> AsyncIterator[Loopback]:
+    server, kube = sim
+    yield Loopback(server, kube, nursery)
+    # Stop the reconcilers now: ``sim`` closes the client next.
+    nursery.cancel_scope.cancel()
+
+
 async def until(
     condition: Callable[[], bool], what: str, *, steps: int = 20_000, step: float = 0.05
 ) -> None:
@@ -387,68 +419,51 @@ def test_constructor_rejects_bad_settings() -> None:
     ],
 )
 async def test_publishes_pool(
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
-    fixture: str,
-    mode: str,
-    group_by: str,
-    count: int,
+    loopback: Loopback, fixture: str, mode: str, group_by: str, count: int
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired(fixture, mode, group_by)
     assert len(want) == count
-    r = reconciler(kube, want, watch=False)
+    r = loopback.reconciler(want, watch=False)
     assert not r.is_published
-    await nursery.start(r.run)
+    await loopback.nursery.start(r.run)
     assert r.is_published
     assert r.generation == 1
     assert_matches(server, want, 1)
     assert r.api_calls == 1 + count
     assert server.calls.get("create", "resourceslices") == count
-    nursery.cancel_scope.cancel()
 
 
-async def test_768cpu_individual_with_pcie_roots_is_twelve_slices(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
-) -> None:
-    server, kube = sim
+async def test_768cpu_individual_with_pcie_roots_is_twelve_slices(loopback: Loopback) -> None:
+    server = loopback.server
     topo = discover_from_root(FAKE / "epyc-2s-768")
     inv = build_inventory(topo, DeviceSettings(mode="individual"))
     want = build_slices(inv, node_name=NODE, node_uid=UID, expose_pcie_roots=True)
-    r = reconciler(kube, want, watch=False)
-    await nursery.start(r.run)
+    await loopback.start(want, watch=False)
     assert len(published(server)) == 12
     assert all(len(s["spec"]["devices"]) == 64 for s in published(server))
     assert_matches(server, want, 1)
-    nursery.cancel_scope.cancel()
 
 
-async def test_restart_changes_nothing(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
-) -> None:
-    server, kube = sim
+async def test_restart_changes_nothing(loopback: Loopback) -> None:
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
     async with trio.open_nursery() as inner:
-        await inner.start(reconciler(kube, want, watch=False).run)
+        await inner.start(loopback.reconciler(want, watch=False).run)
         inner.cancel_scope.cancel()
     before = published(server)
     server.calls.reset()
-    second = reconciler(kube, want, watch=False)
-    await nursery.start(second.run)
+    second = await loopback.start(want, watch=False)
     assert second.generation == 1
     assert published(server) == before
     assert server.calls.snapshot() == {"list resourceslices": 1}
     assert second.api_calls == 1
-    nursery.cancel_scope.cancel()
 
 
-async def test_content_change_bumps_generation(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
-) -> None:
-    server, kube = sim
+async def test_content_change_bumps_generation(loopback: Loopback) -> None:
+    server = loopback.server
     first = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, first)
-    await nursery.start(r.run)
+    r = await loopback.start(first)
     names = [s["metadata"]["name"] for s in published(server)]
     topo = discover_from_root(FAKE / "epyc-2s-768")
     inv = build_inventory(topo, DeviceSettings(mode="individual", publish_node_allocatable=True))
@@ -460,31 +475,23 @@ async def test_content_change_bumps_generation(
     assert_matches(server, second, 2)
     # rewritten in place: same objects, no delete/create churn
     assert [s["metadata"]["name"] for s in published(server)] == names
-    nursery.cancel_scope.cancel()
 
 
-async def test_shrinking_pool_deletes_extra_slices(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery
-) -> None:
-    server, kube = sim
-    r = reconciler(kube, desired("epyc-2s-768", "individual"))
-    await nursery.start(r.run)
+async def test_shrinking_pool_deletes_extra_slices(loopback: Loopback) -> None:
+    server = loopback.server
+    r = await loopback.start(desired("epyc-2s-768", "individual"))
     grouped = desired("epyc-2s-768", "grouped", "socket")
     r.set_desired(grouped)
     await r.wait_next_sync()
     # index 0 changed (1 slice): updated in place at the same generation, 5 deleted
     assert r.generation == 1
     assert_matches(server, grouped, 1)
-    nursery.cancel_scope.cancel()
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-async def test_kubectl_sees_the_published_pool(
-    sim: tuple[SimAPIServer, KubeClient], nursery: trio.Nursery, tmp_path: Path
-) -> None:
-    server, kube = sim
-    r = reconciler(kube, desired("epyc-2s-768", "individual"), watch=False)
-    await nursery.start(r.run)
+async def test_kubectl_sees_the_published_pool(loopback: Loopback, tmp_path: Path) -> None:
+    server = loopback.server
+    await loopback.start(desired("epyc-2s-768", "individual"), watch=False)
     kubeconfig = server.write_kubeconfig(tmp_path / "kc-kubectl")
     env = {**os.environ, "HOME": str(tmp_path), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
     command = [
@@ -510,7 +517,6 @@ async def test_kubectl_sees_the_published_pool(
     ]
     assert {i["spec"]["pool"]["generation"] for i in items} == {1}
     assert sum(len(i["spec"]["devices"]) for i in items) == 768
-    nursery.cancel_scope.cancel()
 
 
 # -- retries, under the autojump clock -------------------------------------------------------
@@ -533,8 +539,7 @@ async def test_kubectl_sees_the_published_pool(
 )
 async def test_survives_fault_storm(
     autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    loopback: Loopback,
     verb: str,
     status: int,
     drop: bool,
@@ -542,83 +547,65 @@ async def test_survives_fault_storm(
     delays: list[float],
     calls: int,
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
     server.faults.inject(verb, "resourceslices", 5, status=status or 500, drop_connection=drop)
-    sleeps = Sleeps()
-    r = reconciler(kube, want, sleep=sleeps, watch=False)
-    await nursery.start(r.run)
+    r = await loopback.start(want, watch=False)
     assert server.faults.pending() == 0
-    assert (r.errors, sleeps.delays) == (errors, delays)
+    assert (r.errors, loopback.sleeps.delays) == (errors, delays)
     assert server.calls.get(verb, "resourceslices") == calls
     assert r.last_error is None
     assert r.generation == 1
     assert_matches(server, want, 1)
-    nursery.cancel_scope.cancel()
 
 
 async def test_update_conflict_is_retried(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    sleeps = Sleeps()
-    r = reconciler(kube, want, sleep=sleeps, watch=False)
-    await nursery.start(r.run)
+    r = await loopback.start(want, watch=False)
     obj = published(server)[0]
     obj["spec"]["devices"] = []
     server.update("resourceslices", obj)
     server.faults.inject("update", "resourceslices", 3, status=409)
     r.trigger()
     await r.wait_next_sync()
-    assert (r.errors, sleeps.delays) == (3, [0.5, 1.0, 2.0])
+    assert (r.errors, loopback.sleeps.delays) == (3, [0.5, 1.0, 2.0])
     assert server.calls.get("update", "resourceslices") == 4
     assert r.sync_reasons == {"start": 1, "trigger": 1}
     assert r.generation == 1
     assert_matches(server, want, 1)
-    nursery.cancel_scope.cancel()
 
 
 async def test_delete_failures_are_retried_and_the_stray_removed(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("xeon-2s-ht", "individual")
     stray = copy.deepcopy(want[0])
     stray["metadata"]["generateName"] = "00003-dra.cpu-node-a-"
     server.create("resourceslices", stray)
     server.faults.inject("delete", "resourceslices", 2, status=500)
-    sleeps = Sleeps()
-    r = reconciler(kube, want, sleep=sleeps, watch=False)
-    await nursery.start(r.run)
-    assert (r.errors, sleeps.delays) == (2, [0.5, 1.0])
+    r = await loopback.start(want, watch=False)
+    assert (r.errors, loopback.sleeps.delays) == (2, [0.5, 1.0])
     # the stray held generation 1 of the pool, so the new slice is generation 2
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_backoff_reaches_the_cap_and_readiness_waits(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
-    server.faults.inject("list", "resourceslices", 9, status=500)
-    sleeps = Sleeps()
-    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps, watch=False)
-    nursery.start_soon(r.run)
+    loopback.server.faults.inject("list", "resourceslices", 9, status=500)
+    r = loopback.reconciler(desired("xeon-2s-ht", "individual"), watch=False)
+    loopback.nursery.start_soon(r.run)  # started only once published
     await until(lambda: r.errors == 3, "three failed syncs")
     assert not r.is_published
     assert r.last_error == "Internal error occurred: injected fault"
     assert r.status()["published"] is False
     await r.wait_published()
-    assert sleeps.delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert loopback.sleeps.delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert r.status()["failedSyncs"] == 9
-    nursery.cancel_scope.cancel()
 
 
 async def test_unreachable_server_never_raises(
@@ -652,18 +639,15 @@ async def watching(server: SimAPIServer, r: SliceReconciler) -> None:
 
 
 async def test_own_writes_do_not_wake_the_reconciler(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     # pre-existing stale pool: the first sync deletes 1, creates 6; every event is ours
     old = copy.deepcopy(desired("xeon-2s-ht", "individual")[0])
     old["spec"]["pool"]["generation"] = 1
     old["metadata"]["generateName"] = "00009-dra.cpu-node-a-"
     server.create("resourceslices", old)
-    r = reconciler(kube, desired("epyc-2s-768", "individual"))
-    await nursery.start(r.run)
+    r = await loopback.start(desired("epyc-2s-768", "individual"))
     await watching(server, r)
     # the watch started from the list's version and so sees all 7 writes
     await until(lambda: r.watch_events == 7, "our 7 writes seen")
@@ -671,19 +655,15 @@ async def test_own_writes_do_not_wake_the_reconciler(
     assert r.sync_reasons == {"start": 1}
     assert r.external_changes == 0
     assert r.api_calls == 8
-    nursery.cancel_scope.cancel()
 
 
 async def test_external_deletion_repaired_by_watch(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
     # no periodic resync at all: only the watch can notice the deletion
-    r = reconciler(kube, want)
-    await nursery.start(r.run)
+    r = await loopback.start(want)
     await watching(server, r)
     victim = published(server)[3]["metadata"]["name"]
     server.delete("resourceslices", victim)
@@ -698,18 +678,14 @@ async def test_external_deletion_repaired_by_watch(
     await until(lambda: r.watch_events == 6 + 1 + 6, "the repair's events")
     await trio.testing.wait_all_tasks_blocked()
     assert r.sync_reasons == {"start": 1, "watch": 1}
-    nursery.cancel_scope.cancel()
 
 
 async def test_kubelet_wipe_and_external_edits_repaired_by_watch(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want)
-    await nursery.start(r.run)
+    r = await loopback.start(want)
     await watching(server, r)
     # someone edits one slice: fixed in place at the same generation
     obj = published(server)[1]
@@ -730,18 +706,14 @@ async def test_kubelet_wipe_and_external_edits_repaired_by_watch(
     await until(lambda: len(published(server)) == 6 and r.generation == 2, "the pool republished")
     assert_matches(server, want, 2)
     assert r.sync_reasons["watch"] >= 3
-    nursery.cancel_scope.cancel()
 
 
 async def test_watch_410_in_the_stream_relists(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want)
-    await nursery.start(r.run)
+    r = await loopback.start(want)
     await watching(server, r)
     await until(lambda: r.watch_events == 6, "our creates seen")
     # history compacted while the watch is down: resuming from its version is 410
@@ -768,55 +740,41 @@ async def test_watch_410_in_the_stream_relists(
     await until(lambda: r.sync_reasons["watch"] == 1 and len(published(server)) == 6, "repair")
     await trio.testing.wait_all_tasks_blocked()
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_watch_410_status_relists(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     server.faults.inject("watch", "resourceslices", 1, status=410)
-    sleeps = Sleeps()
-    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps, reconnect_spread=3.0)
-    await nursery.start(r.run)
+    r = await loopback.start(desired("xeon-2s-ht", "individual"), reconnect_spread=3.0)
     await until(lambda: r.relists == 1 and r.watch_requests == 2, "relist, watch again")
     await watching(server, r)
     assert r.sync_reasons == {"start": 1, "relist": 1}
     assert r.watch_errors == 0
     assert server.calls.get("list", "resourceslices") == 2
-    assert sleeps.delays == [3.0]  # the relist waited a random part of the spread
-    nursery.cancel_scope.cancel()
+    assert loopback.sleeps.delays == [3.0]  # the relist waited a random part of the spread
 
 
 async def test_watch_429_waits_for_retry_after(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     server.faults.inject("watch", "resourceslices", 2, status=429)
-    sleeps = Sleeps()
-    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps)
-    await nursery.start(r.run)
+    r = await loopback.start(desired("xeon-2s-ht", "individual"))
     await watching(server, r)
     # Retry-After: 1 spread to the top of [1, 2); the backoff alone would be 0.5, 1.0
-    assert sleeps.delays == [2.0, 2.0]
+    assert loopback.sleeps.delays == [2.0, 2.0]
     assert (r.watch_errors, r.relists, r.sync_reasons) == (2, 0, {"start": 1})
-    nursery.cancel_scope.cancel()
 
 
 async def test_periodic_resync_answers_from_the_cache_while_watching(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
     """As an informer's resync: no API call at rest, whatever the interval."""
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want, resync_interval=5.0)
-    await nursery.start(r.run)
+    r = await loopback.start(want, resync_interval=5.0)
     await until(lambda: r.watch_streaming and r.watch_events == 6, "our creates seen")
     lists, resyncs = server.calls.get("list", "resourceslices"), r.cache_resyncs
     await trio.sleep(120)
@@ -828,51 +786,35 @@ async def test_periodic_resync_answers_from_the_cache_while_watching(
     await until(lambda: r.generation == 2 and r.cache_in_sync(), "repaired, cache current")
     assert r.sync_reasons["watch"] == 1
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_periodic_resync_lists_without_a_watch(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
-    r = reconciler(kube, desired("xeon-2s-ht", "grouped"), resync_interval=5.0, watch=False)
-    await nursery.start(r.run)
+    server = loopback.server
+    r = await loopback.start(desired("xeon-2s-ht", "grouped"), resync_interval=5.0, watch=False)
     await until(lambda: server.calls.get("list", "resourceslices") >= 5, "four resyncs")
     assert r.cache_resyncs == 0
     assert r.sync_reasons["resync"] >= 4
-    nursery.cancel_scope.cancel()
 
 
 async def test_a_failed_resync_is_not_retried_until_the_next_interval(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
-    sleeps = Sleeps()
-    r = reconciler(
-        kube, desired("xeon-2s-ht", "grouped"), resync_interval=10.0, watch=False, sleep=sleeps
-    )
-    await nursery.start(r.run)
+    server = loopback.server
+    r = await loopback.start(desired("xeon-2s-ht", "grouped"), resync_interval=10.0, watch=False)
     server.faults.inject("list", "resourceslices", 1, status=503)
     await until(lambda: r.sync_reasons["resync"] == 2, "two resyncs")
     await until(lambda: r.last_error is None, "the second one succeeded")
-    assert (r.errors, sleeps.delays) == (1, [])
-    nursery.cancel_scope.cancel()
+    assert (r.errors, loopback.sleeps.delays) == (1, [])
 
 
 async def test_dropped_watch_resumes_without_losing_events(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    sleeps = Sleeps()
-    r = reconciler(kube, want, sleep=sleeps)
-    await nursery.start(r.run)
+    r = await loopback.start(want)
     await watching(server, r)
     await until(lambda: r.watch_events == 6, "our creates seen")
     # The next 4 watch requests are dropped too: urllib3 retries the GET 3 times at
@@ -888,42 +830,33 @@ async def test_dropped_watch_resumes_without_losing_events(
     assert r.watch_errors == 2  # the dropped stream, then the dropped reconnect
     # the open stream broke: reconnect within the spread (5 s, rand pinned to the top);
     # that reconnect failed before any answer: the backoff
-    assert sleeps.delays == [5.0, 0.5]
+    assert loopback.sleeps.delays == [5.0, 0.5]
     assert r.relists == 0
     assert server.faults.pending() == 0
     await trio.testing.wait_all_tasks_blocked()
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_watch_errors_back_off_and_reset(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     server.faults.inject("watch", "resourceslices", 3, status=500)
     server.faults.inject("watch", "resourceslices", 1, status=503)
-    sleeps = Sleeps()
-    r = reconciler(kube, desired("xeon-2s-ht", "individual"), sleep=sleeps)
-    await nursery.start(r.run)
+    r = await loopback.start(desired("xeon-2s-ht", "individual"))
     await watching(server, r)
-    assert sleeps.delays == [0.5, 1.0, 2.0, 4.0]
+    assert loopback.sleeps.delays == [0.5, 1.0, 2.0, 4.0]
     assert (r.watch_errors, r.watch_requests) == (4, 5)
     assert r.sync_reasons == {"start": 1}
-    nursery.cancel_scope.cancel()
 
 
 async def test_resync_converges_when_the_watch_is_unavailable(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     server.faults.inject("watch", "resourceslices", 10_000, status=403)
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want, resync_interval=5.0)
-    await nursery.start(r.run)
+    r = await loopback.start(want, resync_interval=5.0)
     await until(lambda: r.watch_errors >= 3, "watch failures")
     server.delete("resourceslices", published(server)[0]["metadata"]["name"])
     await until(lambda: len(published(server)) == 6, "the periodic resync repairs")
@@ -932,17 +865,14 @@ async def test_resync_converges_when_the_watch_is_unavailable(
     assert r.status()["watch"]["connected"] is False
     assert r.status()["watch"]["state"] == "refused"
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_clean_shutdown_leaves_slices_and_ends_the_watch_thread(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want)
+    r = loopback.reconciler(want)
     async with trio.open_nursery() as inner:
         await inner.start(r.run)
         await watching(server, r)
@@ -957,23 +887,18 @@ async def test_clean_shutdown_leaves_slices_and_ends_the_watch_thread(
 
 
 async def test_server_ended_watches_are_renewed_at_once(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    sleeps = Sleeps()
     # timeoutSeconds = watch_timeout * (1 + rand) = 60: the server ends each watch then
-    r = reconciler(kube, want, watch_timeout=30.0, sleep=sleeps)
-    await nursery.start(r.run)
+    r = await loopback.start(want, watch_timeout=30.0)
     await until(lambda: r.watch_requests >= 3, "two renewals", step=1.0)
-    assert (r.watch_errors, sleeps.delays, r.relists) == (0, [], 0)
+    assert (r.watch_errors, loopback.sleeps.delays, r.relists) == (0, [], 0)
     await watching(server, r)
     server.delete("resourceslices", published(server)[5]["metadata"]["name"])
     await until(lambda: r.sync_reasons["watch"] == 1 and r.generation == 2, "the repair")
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()
 
 
 async def test_each_publication_carries_one_operation_id(
@@ -999,39 +924,28 @@ async def test_each_publication_carries_one_operation_id(
     assert len({x["opID"] for x in ours}) == 1
 
 
-async def test_a_silent_watch_ends_after_the_idle_timeout(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
+async def test_a_silent_watch_ends_after_the_idle_timeout(loopback: Loopback) -> None:
     """No bookmark, no event: after ``watch_idle_timeout`` the watch is assumed dead and
     opened again from its version (real clock: the read timeout is the socket's)."""
-    server = SimAPIServer(seed=5, bookmark_interval=math.inf, max_watch_seconds=math.inf)
-    await nursery.start(server.serve)
-    kube = KubeClient.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-    r = reconciler(
-        kube, desired("xeon-2s-ht", "grouped"), watch_idle_timeout=1.0, reconnect_spread=0
+    r = await loopback.start(
+        desired("xeon-2s-ht", "grouped"), watch_idle_timeout=1.0, reconnect_spread=0
     )
-    await nursery.start(r.run)
     with trio.fail_after(20):
         while r.watch_requests < 3:
             await trio.sleep(0.05)
     assert r.watch_errors >= 2
     assert r.relists == 0
-    assert server.calls.get("list", "resourceslices") == 1
-    nursery.cancel_scope.cancel()
-    kube.close()
+    assert loopback.server.calls.get("list", "resourceslices") == 1
 
 
 async def test_api_server_restart_costs_one_relist_and_no_resync(
-    autojump_clock: trio.testing.MockClock,
-    sim: tuple[SimAPIServer, KubeClient],
-    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
 ) -> None:
     """Down for a minute (longer than two resync intervals): the resync leaves the
     recovery to the watch, which relists once when the server is back."""
-    server, kube = sim
+    server = loopback.server
     want = desired("epyc-2s-768", "individual")
-    r = reconciler(kube, want, resync_interval=20.0, reconnect_spread=2.0)
-    await nursery.start(r.run)
+    r = await loopback.start(want, resync_interval=20.0, reconnect_spread=2.0)
     await until(lambda: r.watch_streaming, "watching")
     port = server.port or 0
     server.stop()
@@ -1041,10 +955,9 @@ async def test_api_server_restart_costs_one_relist_and_no_resync(
     await trio.sleep(60)
     assert "resync" not in r.sync_reasons
     assert r.status()["watch"]["state"] == "unreachable"
-    await nursery.start(partial(server.serve, port=port))
+    await loopback.nursery.start(partial(server.serve, port=port))
     await until(lambda: r.watch_streaming and r.generation == 2, "relisted, repaired, watching")
     assert r.relists == 1
     assert r.sync_reasons == {"start": 1, "relist": 1}
     assert server.calls.get("list", "resourceslices") == 2
     assert_matches(server, want, 2)
-    nursery.cancel_scope.cancel()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -175,43 +176,15 @@ async def watch_once(
     """
     handle = stream or WatchStream()
     label = what or getattr(list_fn, "__name__", "watch")
-    kwargs: dict[str, Any] = dict(params)
-    kwargs.update(watch=True, allow_watch_bookmarks=allow_bookmarks, _preload_content=False)
-    if resource_version:
-        kwargs["resource_version"] = resource_version
-    # The client insists on a number; a day stands for "no read timeout".
-    read_timeout = 86400.0
-    if timeout_seconds is not None:
-        kwargs["timeout_seconds"] = timeout_seconds
-        read_timeout = timeout_seconds + 30.0
-    if idle_timeout is not None:
-        read_timeout = min(read_timeout, idle_timeout)
-    kwargs["_request_timeout"] = (kube.request_timeout, read_timeout)
-
-    def deliver(event: WatchEvent) -> bool:
-        if handle.cancelled:  # an abandoned watch: drop what is still in flight
-            return False
-        on_event(event)
-        return True
-
-    def read() -> int:
-        clean = False
-        try:
-            response = list_fn(*args, **kwargs)
-            if not handle.attach(response):
-                return 0
-            count = 0
-            for line in _lines(response):
-                event = _decode(line, label)
-                if not trio.from_thread.run_sync(deliver, event):
-                    return count
-                count += 1
-            clean = True
-            return count
-        finally:
-            handle.finish(clean=clean)
-            handle.exited.set()
-
+    kwargs = _request_params(
+        params,
+        resource_version=resource_version,
+        timeout_seconds=timeout_seconds,
+        allow_bookmarks=allow_bookmarks,
+        idle_timeout=idle_timeout,
+        connect_timeout=kube.request_timeout,
+    )
+    read = partial(_read_events, handle, label, on_event, list_fn, args, kwargs)
     try:
         return await trio.to_thread.run_sync(
             read, limiter=limiter or trio.CapacityLimiter(1), abandon_on_cancel=True
@@ -227,3 +200,66 @@ async def watch_once(
     finally:
         # Normal end: nothing to do (finish() ran). Cancelled: unblock the thread.
         handle.cancel()
+
+
+def _request_params(
+    params: Mapping[str, Any],
+    *,
+    resource_version: str | None,
+    timeout_seconds: int | None,
+    allow_bookmarks: bool,
+    idle_timeout: float | None,
+    connect_timeout: float,
+) -> dict[str, Any]:
+    """The keyword arguments of the ``list_fn`` call that opens the watch."""
+    kwargs: dict[str, Any] = dict(params)
+    kwargs.update(watch=True, allow_watch_bookmarks=allow_bookmarks, _preload_content=False)
+    if resource_version:
+        kwargs["resource_version"] = resource_version
+    # The client insists on a number; a day stands for "no read timeout".
+    read_timeout = 86400.0
+    if timeout_seconds is not None:
+        kwargs["timeout_seconds"] = timeout_seconds
+        read_timeout = timeout_seconds + 30.0
+    if idle_timeout is not None:
+        read_timeout = min(read_timeout, idle_timeout)
+    kwargs["_request_timeout"] = (connect_timeout, read_timeout)
+    return kwargs
+
+
+def _read_events(
+    handle: WatchStream,
+    label: str,
+    on_event: Callable[[WatchEvent], None],
+    list_fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> int:
+    """The worker thread: open the stream, decode it line by line and hand each event to
+    the Trio thread; the number delivered."""
+    clean = False
+    try:
+        response = list_fn(*args, **kwargs)
+        if not handle.attach(response):
+            return 0
+        count = 0
+        for line in _lines(response):
+            event = _decode(line, label)
+            if not trio.from_thread.run_sync(_deliver, handle, on_event, event):
+                return count
+            count += 1
+        clean = True
+        return count
+    finally:
+        handle.finish(clean=clean)
+        handle.exited.set()
+
+
+def _deliver(
+    handle: WatchStream, on_event: Callable[[WatchEvent], None], event: WatchEvent
+) -> bool:
+    """In the Trio thread: one event to the caller, unless the watch was abandoned."""
+    if handle.cancelled:  # an abandoned watch: drop what is still in flight
+        return False
+    on_event(event)
+    return True
