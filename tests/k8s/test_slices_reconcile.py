@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import cache, partial
 from pathlib import Path
@@ -130,14 +131,26 @@ async def loopback(
 
 
 async def until(
-    condition: Callable[[], bool], what: str, *, steps: int = 20_000, step: float = 0.05
+    condition: Callable[[], bool],
+    what: str,
+    *,
+    steps: int = 20_000,
+    step: float = 0.05,
+    real_seconds: float = 30.0,
 ) -> None:
-    """Poll ``condition`` on Trio's clock (virtual under autojump: no real sleeping)."""
-    for _ in range(steps):
-        if condition():
-            return
+    """Poll ``condition`` on Trio's clock (virtual under autojump: no real sleeping).
+
+    Under autojump the polls take almost no real time, while the API calls they wait for
+    run in worker threads in real time: on a loaded machine (a whole CI run on 2 cores)
+    20,000 polls can end before one call does. So the polling also lasts ``real_seconds``.
+    """
+    deadline = time.monotonic() + real_seconds
+    polls = 0
+    while not condition():
+        polls += 1
+        if polls > steps and time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
         await trio.sleep(step)
-    raise AssertionError(f"never happened: {what}")
 
 
 def assert_matches(server: SimAPIServer, want: list[dict[str, Any]], generation: int) -> None:
