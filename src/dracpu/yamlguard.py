@@ -12,12 +12,13 @@ which does not recurse, bounds all nesting.
 The raw pass follows the scanner's cost: a possible simple key goes stale at the end of
 its line (or 1,024 characters on), so what the scanner checks on each token is the flow
 collections opened on the current line and not yet closed. The pass counts those for
-every line, skipping quoted scalars that open right after ``[``, ``{`` or ``,`` (exact:
-there a quote can only start one), also after a tag or an anchor (``[!t 'x']``), and
-nothing else (comments and block scalars are counted as they come). Brackets it counts
-that are text can only make it refuse a strange line; closing brackets it counts that are
-text (a quote after a tag longer than 256 characters) hide a level for 256 characters
-each, harmless. Flow collections spanning lines are bounded by the event pass.
+every line, skipping quoted scalars that open right after ``[``, ``{``, ``,`` or a value's
+colon (exact: there a quote can only start one), also after a tag or an anchor
+(``[!t 'x']``), and nothing else (comments and block scalars are counted as they come).
+Brackets it counts that are text can only make it refuse a strange line; closing
+brackets it counts that are text (a quote after a tag longer than 256 characters) hide a
+level for 256 characters each, harmless. Flow collections spanning lines are bounded by
+the event pass.
 """
 
 from __future__ import annotations
@@ -75,24 +76,37 @@ def _flow_depth(text: str, limit: int) -> int:
                     break
         elif c in "]}":
             depth = max(0, depth - 1)
-        elif depth and _previous_mark(text, match.start()) in "[{,":
-            # Inside a flow collection a quote right after [ { or , starts a quoted
-            # scalar, whose brackets are text. Only this line's part is skipped: a scalar
-            # going on is counted on the next line (more, never less).
+        elif depth and _opens_scalar(text, match.start()):
+            # Inside a flow collection a quote right after [ { , or a value's colon
+            # starts a quoted scalar, whose brackets are text. Only this line's part is
+            # skipped: a scalar going on is counted on the next line (more, never less).
             pos = _quoted_end(text, pos, c)
     return deepest
 
 
-def _previous_mark(text: str, index: int) -> str:
-    """The indicator a scalar starting at ``index`` follows: the character before it that
-    is not a space or a tab, looking past tags and anchors (``!t``, ``&a``) of at most
-    ``_PROPERTY_SCAN`` characters ("" at the start of the text)."""
+def _opens_scalar(text: str, index: int) -> bool:
+    """Whether the quote at ``index`` (inside a flow collection) starts a quoted scalar:
+    it follows ``[``, ``{`` or ``,``, or a colon that is a value indicator (followed by a
+    space, or right after a quoted key as in JSON)."""
+    mark = _previous_mark(text, index)
+    if mark < 0:
+        return False
+    c = text[mark]
+    if c in "[{,":
+        return True
+    return c == ":" and (mark + 1 < index or (mark > 0 and text[mark - 1] in "'\""))
+
+
+def _previous_mark(text: str, index: int) -> int:
+    """Where the indicator a scalar starting at ``index`` follows is: the character
+    before it that is not a space or a tab, looking past tags and anchors (``!t``,
+    ``&a``) of at most ``_PROPERTY_SCAN`` characters (-1 at the start of the text)."""
     i = index - 1
     while True:
         while i >= 0 and text[i] in " \t":
             i -= 1
         if i < 0:
-            return ""
+            return -1
         j = i
         stop = max(-1, i - _PROPERTY_SCAN)
         while j > stop and text[j] not in " \t\n[{,":
@@ -100,7 +114,7 @@ def _previous_mark(text: str, index: int) -> str:
         if j < i and text[j + 1] in "!&" and (j < 0 or text[j] in " \t\n[{,"):
             i = j  # a tag or an anchor: what comes before it decides
             continue
-        return text[i]
+        return i
 
 
 def _quoted_end(text: str, pos: int, quote: str) -> int:

@@ -16,6 +16,7 @@ from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.paths import CgroupPathError
+from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.writer import (
     CgroupIntentError,
     CgroupWriteError,
@@ -25,7 +26,7 @@ from dracpu.cgroupfs.writer import (
     plan_cpuset_writes,
 )
 from dracpu.cpuset import CPUSet
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 
 
@@ -306,23 +307,32 @@ def test_write_many_keeps_going_past_failures(tmp_path: Path) -> None:
     assert read(h / "kubepods/podp1/cpuset.cpus") == "0-2,4"
 
 
-def test_write_many_only_differing_reads_first_and_writes_the_rest(tmp_path: Path) -> None:
+def test_write_differing_reads_first_asks_then_writes_the_rest(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     h = root / "cpuset"
     make_cgroup(h, "kubepods/podp1", cpus="0-7", mems="0-1")
     holds = make_cgroup(h, "kubepods/podp1/c1", cpus="2-3", mems="0")
     other_cpus = make_cgroup(h, "kubepods/podp1/c2", cpus="0-7")
     other_mems = make_cgroup(h, "kubepods/podp1/c4", cpus="2-3", mems="0")
+    changed = make_cgroup(h, "kubepods/podp1/c5", cpus="0-7")
     stamp = os.stat(holds / "cpuset.cpus").st_mtime_ns
-    results = CgroupWriter(str(root)).write_many(
+    asked: list[list[str]] = []
+
+    def still_wanted(differing: list[ContainerIntent]) -> list[ContainerIntent]:
+        asked.append([i.container_id for i in differing])
+        return [i for i in differing if i.container_id != "c5"]  # c5's intent moved on
+
+    results = CgroupWriter(str(root)).write_differing(
         [
             intent("c1", cpus="2-3", mems="0"),  # holds it already: neither written nor listed
             intent("c2", cpus="2-3"),
             intent("c3", cpus="2-3"),  # no cgroup (stopped): skipped, not an error
             intent("c4", cpus="2-3", mems="1"),
+            intent("c5", cpus="2-3"),
         ],
-        only_differing=True,
+        still_wanted,
     )
+    assert asked == [["c2", "c4", "c5"]]  # asked once, after every read, only of those
     assert [(i.container_id, type(r).__name__) for i, r in results] == [
         ("c2", "WriteOutcome"),
         ("c4", "WriteOutcome"),
@@ -331,22 +341,43 @@ def test_write_many_only_differing_reads_first_and_writes_the_rest(tmp_path: Pat
     assert os.stat(holds / "cpuset.cpus").st_mtime_ns == stamp
     assert read(other_cpus / "cpuset.cpus") == "2-3"
     assert read(other_mems / "cpuset.mems") == "1"
+    assert read(changed / "cpuset.cpus") == "0-7"
 
 
-def test_write_many_only_differing_reports_an_unreadable_cgroup(tmp_path: Path) -> None:
+def test_write_differing_reports_an_unreadable_cgroup(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     h = root / "cpuset"
     make_cgroup(h, "kubepods/podp1", cpus="0-7")
     garbled = make_cgroup(h, "kubepods/podp1/c1", cpus="0-7")
     (garbled / "cpuset.cpus").write_text("not a set\n")
     make_cgroup(h, "kubepods/podp1/c2", cpus="0-7")
-    results = CgroupWriter(str(root)).write_many(
-        [intent("c1", cpus="1"), intent("c2", cpus="1")], only_differing=True
+    results = CgroupWriter(str(root)).write_differing(
+        [intent("c1", cpus="1"), intent("c2", cpus="1")], lambda differing: differing
     )
     assert isinstance(results[0][1], CgroupWriteError)
     assert "unparsable content" in str(results[0][1])
     assert results[1][0].container_id == "c2" and not isinstance(results[1][1], Exception)
     assert read(h / "kubepods/podp1/c2/cpuset.cpus") == "1"
+
+
+async def test_verifier_never_writes_back_a_set_the_owner_moved_on_from(tmp_path: Path) -> None:
+    # The pass waits for the writer (another pass holds it); meanwhile the pool shrinks
+    # and the runtime applies the newer set. The read-back differs from the pushed set,
+    # but the owner, asked after the read-back, no longer wants it: nothing is written.
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-5")
+    writer = CgroupWriter(str(root))
+    owner = {"c1": intent("c1", cpus="0-5")}
+    verifier = Verifier(writer, lambda: list(owner.values()))
+    await trio.to_thread.run_sync(writer._lock.acquire)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(verifier.verify, VerifyCpusets(intents=(owner["c1"],), cause="pool"))
+        await trio.sleep(0.1)
+        owner["c1"] = intent("c1", cpus="0-3")
+        (leaf / "cpuset.cpus").write_text("0-3\n")
+        writer._lock.release()
+    assert read(leaf / "cpuset.cpus") == "0-3"
+    assert verifier.rewritten == 0
 
 
 # -- Trio side ----------------------------------------------------------------------------

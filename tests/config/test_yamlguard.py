@@ -81,3 +81,12 @@ def test_quotes_after_tags_and_anchors_are_text_too() -> None:
         check_nesting("[!t ']', " * 200)
     with pytest.raises(YamlTooDeep):
         check_nesting("[&a !!str ']', " * 200)
+
+
+def test_quotes_after_a_value_colon_are_text_too() -> None:
+    # The closers inside the values hide nothing: each line's 95 + 1 open brackets add up.
+    with pytest.raises(YamlTooDeep):
+        check_nesting(("[" * 95 + '{a: "' + "]" * 95 + '"}, ') * 6)
+    with pytest.raises(YamlTooDeep):
+        check_nesting(("[" * 95 + '{"a":"' + "]" * 95 + '"}, ') * 6)
+    check_nesting('{"a":"]]]]", b: "[[[[", c: !t "{{{{"}\n')

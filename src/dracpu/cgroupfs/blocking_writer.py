@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dracpu.cgroupfs.files import (
@@ -210,29 +210,51 @@ class BlockingCgroupWriter:
             return self._write(intent, _SetCache())
 
     def write_many(
-        self, intents: Iterable[ContainerIntent], *, only_differing: bool = False
+        self, intents: Iterable[ContainerIntent]
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        """Write several containers, reading each shared ancestor once.
+        """Write several containers, reading each shared ancestor once."""
+        with self._lock:
+            return self._write_all(intents)
 
-        With ``only_differing`` each container's effective set is read first and only
-        those that enforce something else are written (and listed); a container whose
-        cgroup is gone is skipped. One pass, one thread: the verifier's read-back.
-        """
-        cache = _SetCache()
+    def write_differing(
+        self,
+        intents: Iterable[ContainerIntent],
+        still_wanted: Callable[[list[ContainerIntent]], list[ContainerIntent]],
+    ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
+        """The verifier's pass: read each container's effective set back, ask
+        ``still_wanted`` which of those that differ are still intended (the state owner,
+        asked at that moment, after the read-back: a newer set the runtime applied
+        meanwhile is read back as "differs" and must not be overwritten with the older
+        one), and write those; all under one hold of the lock. Containers whose cgroup
+        is gone are skipped; a cgroup that cannot be read is listed with its error."""
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
-        # One lock for the batch: the cached ancestor sets stay true only while no other
-        # write can change them.
+        differing: list[ContainerIntent] = []
         with self._lock:
             for intent in intents:
                 try:
-                    if only_differing and not self._differs(intent):
-                        continue
-                    results.append((intent, self._write(intent, cache)))
-                except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
-                    # A failed write may have left the cache describing a write that did
-                    # not happen; drop it rather than plan the next one on a guess.
-                    cache = _SetCache()
+                    if self._differs(intent):
+                        differing.append(intent)
+                except (CgroupWriteError, CgroupIntentError) as exc:
                     results.append((intent, exc))
+            if differing:
+                results += self._write_all(still_wanted(differing))
+        return results
+
+    def _write_all(
+        self, intents: Iterable[ContainerIntent]
+    ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
+        # Under the lock, held for the batch: the cached ancestor sets stay true only
+        # while no other write can change them.
+        cache = _SetCache()
+        results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
+        for intent in intents:
+            try:
+                results.append((intent, self._write(intent, cache)))
+            except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
+                # A failed write may have left the cache describing a write that did not
+                # happen; drop it rather than plan the next one on a guess.
+                cache = _SetCache()
+                results.append((intent, exc))
         return results
 
     def _differs(self, intent: ContainerIntent) -> bool:

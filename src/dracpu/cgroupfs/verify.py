@@ -3,12 +3,11 @@
 A runtime can call an update a success that it never applied: containerd leaves updates
 marked ``ignore_failure`` out of the failed list it returns (docs/how-it-works.md, "Verify,
 don't trust"), and a runtime can apply an update while the cgroup ends up elsewhere. The
-verifier reads ``VerifyCpusets`` messages, asks the state owner which intents still hold,
-and in one pass in a worker thread reads each such container's effective cpuset from
-cgroupfs and writes those that differ through the cgroupfs writer
-(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). Pushes are verified in
-order, so a write from an intent that changed during the pass is put right by the pass of
-the push that changed it. For a pool change it
+verifier reads ``VerifyCpusets`` messages and, in one pass in a worker thread, reads each
+container's effective cpuset from cgroupfs, asks the state owner which of those that differ
+are still intended (after the read-back, so a newer set the runtime applied meanwhile is
+never overwritten with an older one), and writes those through the cgroupfs writer
+(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). For a pool change it
 observes ``dracpu_pool_convergence_seconds`` once every container is verified.
 
 A claim holder's adjustment is verified too, once its container exists: the runtime
@@ -18,7 +17,6 @@ for the directory in a task of their own.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -74,24 +72,32 @@ class Verifier:
     async def verify(self, message: VerifyCpusets) -> list[str]:
         """Verify now; returns the ids of the containers written because they differed.
 
-        The owner is asked first and only what it still intends is checked: a newer push
-        is on its way and will be verified in turn (messages are verified in order, so a
-        write from an older intent is put right by the newer one's pass). Then one pass in
-        a worker thread reads each cgroup back and writes those that differ.
+        One pass in a worker thread reads each cgroup back; for those that differ it asks
+        the state owner (on the Trio thread, at that moment) whether that set is still
+        intended, and writes only those. A set the runtime applied for a newer intent is
+        read back as "differs" too: asking after the read-back keeps it from being
+        overwritten with the older one.
         """
-        current = {i.container_id: i for i in self._intents()}
-        wanted = [
-            i for i in message.intents if i.cgroups_path and _same(current.get(i.container_id), i)
-        ]
+        wanted = [i for i in message.intents if i.cgroups_path]
         with trio.CancelScope(shield=True):
             results = await trio.to_thread.run_sync(
-                functools.partial(self.writer.write_many, wanted, only_differing=True)
+                self.writer.write_differing, wanted, self._still_wanted_from_thread
             )
         written = self._account(results)
         self.verified += len(wanted)
         if message.since and self.metrics is not None:
             self.metrics.pool_convergence.observe(max(0.0, trio.current_time() - message.since))
         return written
+
+    def _still_wanted_from_thread(self, differing: list[ContainerIntent]) -> list[ContainerIntent]:
+        try:
+            return trio.from_thread.run_sync(self._still_wanted, differing)
+        except trio.RunFinishedError:
+            return []  # the daemon is stopping: write nothing
+
+    def _still_wanted(self, differing: list[ContainerIntent]) -> list[ContainerIntent]:
+        current = {i.container_id: i for i in self._intents()}
+        return [i for i in differing if _same(current.get(i.container_id), i)]
 
     async def _verify_created(self, message: VerifyCpusets) -> None:
         # The container's cgroup appears once the runtime created it after our reply.
