@@ -255,16 +255,8 @@ def _individual_options(
 
 def _requested_count(result: AllocationResult) -> int:
     """§8.2 step 3 capacity checks: the result's ``dra.cpu/cpu`` as a positive integer."""
-    raw = result.consumed_capacity.get(CAPACITY_NAME)
-    if (
-        raw is not None
-        and raw.isascii()
-        and raw.isdigit()
-        and len(raw) <= 9
-        and raw != "0" * len(raw)
-    ):
-        return int(raw)  # the usual "4": nothing to scale, nothing to check
     device = go_quote(result.device)
+    raw = result.consumed_capacity.get(CAPACITY_NAME)
     if raw is None:
         raise PrepareError(f"CPU capacity {go_quote(CAPACITY_NAME)} for device {device} is missing")
     try:

@@ -47,10 +47,14 @@ _BINARY_SI = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 # Far beyond any CPU count; keeps "1e999999999" from building an enormous integer.
 _MAX_EXPONENT = 64
 _MAX_DIGITS = 64
+# Plain digit strings this short (most capacities: "4") skip the regular expression.
+_PLAIN_DIGITS = 18
 
 
 def parse_quantity(text: str) -> Fraction:
     """The exact value of a quantity string; QuantityError when it is not one."""
+    if text.isascii() and text.isdigit() and len(text) <= _PLAIN_DIGITS:
+        return Fraction(int(text))  # the usual "4": nothing to scale
     # fullmatch on ASCII only: str.isdigit-like classes would accept other scripts' digits.
     match = _QUANTITY.fullmatch(text) if text.isascii() else None
     if match is None:

@@ -84,8 +84,6 @@ class ClaimRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     @property
     def shared_pool_access(self) -> bool:
         """A request of the claim asked for the shared pool beside its exclusive CPUs."""
-        if not self.options:
-            return False
         return any(o.shared_pool_access for o in self.options.values())
 
 

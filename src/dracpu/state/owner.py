@@ -135,6 +135,8 @@ class NodeState:
 
     def claims_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
         """The union of the prepared CPUs of these claims (unknown ones add nothing)."""
+        if len(claim_uids) == 1:  # the usual holder: one claim, no union to build
+            return self.store.cpus_of(claim_uids[0]) or CPUSet()
         cpus = CPUSet()
         for uid in claim_uids:
             held = self.store.cpus_of(uid)
@@ -177,10 +179,7 @@ class NodeState:
     def holder_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
         """A claim holder's whole cpuset: its claims' CPUs, plus the shared pool when one
         of them asked for ``sharedPoolAccess``."""
-        if len(claim_uids) == 1:  # the usual holder: one claim, no union to build
-            cpus = self.store.cpus_of(claim_uids[0]) or CPUSet()
-        else:
-            cpus = self.claims_cpus(claim_uids)
+        cpus = self.claims_cpus(claim_uids)
         if self.follows_pool(claim_uids):
             cpus |= self.store.shared_pool
         return cpus
