@@ -15,9 +15,10 @@ and unprepared at once, 5 pairs each, on dracpu's server with the daemon's whole
 changes share one write). The `grpclib_` lines are the same handlers and file work on
 grpclib with the checkpoint written the plain way (each change waits for a write of its
 own, one at a time); `pairs_rps_conc64_vs_grpclib` is the median ratio of alternated runs.
-With 64 calls in flight and the server's one core busy, a call's latency is about 64
-divided by the calls per second (Little's law): the unprepare p50 falls only as the CPU
-per call does.
+The `echo_` lines are the floor: the same Trio + h2 server with handlers that answer at
+once, no planning, no files. With 64 calls in flight and the server's one core busy, a
+call's latency is about 64 divided by the calls per second (Little's law): the unprepare
+p50 falls only as the CPU per call does, and cannot fall below the echo's.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ LATENCY_CYCLES = 300
 PAIRS = 4
 SERVERS = ("trio", "grpclib")
 R = TypeVar("R")
-DRAIN_SERVERS = ("durable", "grpclib-durable")
+DRAIN_SERVERS = ("durable", "grpclib-durable", "echo")
+DRAIN_PREFIXES = ("", "grpclib_", "echo_")
 DRAIN_RUNS = 3
 NODE = "node-a"
 SPEC_TMPFS = "/dev/shm"
@@ -161,6 +163,7 @@ async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
     """The daemon's file work: CDI specs on tmpfs and the checkpoint, fsynced, on disk."""
     import trio
 
+    from dracpu import heap
     from dracpu.grpc import serve_unix
     from dracpu.state import CheckpointFile
 
@@ -168,7 +171,8 @@ async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
     checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
-        await serve_unix(path, service.grpc_handlers())
+        await nursery.start(serve_unix, path, service.grpc_handlers())
+        heap.settle()  # as `dracpu run` does once its services run
 
 
 def _serve_durable_grpclib(path: str, cdi_dir: str, state_dir: str) -> None:
@@ -213,8 +217,35 @@ class _GrpclibHandlers:
         return self.service.grpc_handlers()
 
 
+async def _serve_echo(path: str) -> None:
+    """The floor of the drain: the same Trio + h2 server, handlers that answer at once."""
+    import trio
+
+    from dracpu import heap
+    from dracpu.grpc import serve_unix
+    from dracpu.proto.dra.v1 import api_grpc
+    from dracpu.proto.dra.v1 import api_pb2 as pb
+
+    class Echo(api_grpc.DRAPluginBase):
+        async def NodePrepareResources(self, stream: Any) -> None:
+            await stream.recv_message()
+            await stream.send_message(pb.NodePrepareResourcesResponse())
+
+        async def NodeUnprepareResources(self, stream: Any) -> None:
+            await stream.recv_message()
+            await stream.send_message(pb.NodeUnprepareResourcesResponse())
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_unix, path, Echo().__mapping__())
+        heap.settle()
+
+
 def _serve(kind: str, path: str, cdi_dir: str) -> None:
-    if kind == "grpclib-durable":
+    if kind == "echo":
+        import trio
+
+        trio.run(_serve_echo, path)
+    elif kind == "grpclib-durable":
         _serve_durable_grpclib(path, cdi_dir, os.path.dirname(path) + "/state")
     elif kind == "durable":
         import trio
@@ -390,7 +421,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _alternated(kinds: tuple[str, str], rounds: int, run: Callable[[str], R]) -> dict[str, list[R]]:
+def _alternated(kinds: tuple[str, ...], rounds: int, run: Callable[[str], R]) -> dict[str, list[R]]:
     """``rounds`` runs of each kind, A B, B A, ... so drift weighs on both alike."""
     results: dict[str, list[R]] = {k: [] for k in kinds}
     for i in range(rounds):
@@ -425,7 +456,7 @@ def main() -> None:
     print(f"grpclib_prepare_rps: {rps:.0f} calls/s")
     print(f"grpclib_prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
     drains = _alternated(DRAIN_SERVERS, DRAIN_RUNS, _run_concurrent)
-    for kind, prefix in zip(DRAIN_SERVERS, ("", "grpclib_"), strict=True):
+    for kind, prefix in zip(DRAIN_SERVERS, DRAIN_PREFIXES, strict=True):
         unprepare_p50 = statistics.median(u for u, _ in drains[kind])
         pairs_rps = statistics.median(r for _, r in drains[kind])
         print(f"{prefix}unprepare_p50_ms_conc64: {unprepare_p50:.2f} ms")

@@ -168,3 +168,48 @@ async def test_no_metadata_without_plugin_dir(dirs: tuple[str, str]) -> None:
     got = (await node.service.prepare([ref]))["uid-4"]
     assert got.devices[0].cdi_device_ids == ("dra.k8s.io/cpu=claim-uid-4",)
     assert os.listdir(cdi_dir) == ["dra.k8s.io-cpu_claim-uid-4.json"]
+
+
+@pytest.mark.parametrize("plugin_on_tmpfs", [False, True])
+async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
+    monkeypatch: pytest.MonkeyPatch, short_tmp: str, plugin_on_tmpfs: bool
+) -> None:
+    # A CDI dir on tmpfs lets spec writes run inline; the metadata file goes to the
+    # plugin's data dir, which on a real node is on disk and fsynced: a worker thread then.
+    import shutil
+    import tempfile
+    import threading
+
+    from dracpu.kubelet import dra
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("needs a tmpfs at /dev/shm")
+    cdi_dir = tempfile.mkdtemp(dir="/dev/shm", prefix="dracpu-cdi.")
+    plugin_dir = tempfile.mkdtemp(dir="/dev/shm" if plugin_on_tmpfs else short_tmp)
+    seen: dict[str, tuple[bool, object]] = {}
+
+    def watched(name: str, fn: object) -> object:
+        def call(*args: object, **kw: object) -> object:
+            seen[name] = (threading.current_thread() is threading.main_thread(), kw)
+            return fn(*args, **kw)  # type: ignore[operator]
+
+        return call
+
+    monkeypatch.setattr(dra, "write_claim_metadata", watched("write", dra.write_claim_metadata))
+    monkeypatch.setattr(dra, "remove_claim_metadata", watched("remove", dra.remove_claim_metadata))
+    try:
+        node = make_node(cdi_dir)
+        service = node.restart(plugin_data_dir=plugin_dir)
+        node.claims.put(claim("uid-t", result("cpudevnuma001", 2), name="t"))
+        ref = ClaimRef(namespace="default", name="t", uid="uid-t")
+        assert (await service.prepare([ref]))["uid-t"].error == ""
+        assert os.path.exists(os.path.join(cdi_dir, "dra.cpu_metadata_uid-t_cpus.json"))
+        assert (await service.unprepare([ref]))["uid-t"].error == ""
+        assert os.listdir(cdi_dir) == []
+        # Inline (on the Trio thread) only with both dirs on tmpfs; the metadata's CDI
+        # spec is written without fsyncs either way, as the CDI dir is a tmpfs.
+        assert seen["write"] == (plugin_on_tmpfs, {"spec_durable": False})
+        assert seen["remove"][0] == plugin_on_tmpfs
+    finally:
+        shutil.rmtree(cdi_dir, ignore_errors=True)
+        shutil.rmtree(plugin_dir, ignore_errors=True)

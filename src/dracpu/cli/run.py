@@ -88,10 +88,11 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
 
     import trio
 
+    from dracpu import heap
     from dracpu.config import config_dump_yaml
     from dracpu.daemon.app import Daemon
     from dracpu.k8s.client import K8sError, KubeClient
-    from dracpu.nursery.supervisor import run_daemon
+    from dracpu.nursery.supervisor import Supervisor, run_daemon
 
     log = _configure_logging(explicit)
     config, node_name = _resolve_config(explicit, log)
@@ -103,8 +104,13 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
     log.info("configuration successfully loaded", config=config_dump_yaml(config))
     proc_root = str(host_path("proc"))
     daemon = Daemon(config, kube=kube, node_name=node_name, proc_root=proc_root)
+
+    async def startup(sup: Supervisor) -> None:
+        await daemon.startup(sup)
+        heap.settle()  # every service runs: what is alive now lives as long as the process
+
     try:
-        code = trio.run(run_daemon, daemon.startup)
+        code = trio.run(run_daemon, startup)
     finally:
         kube.close()
     raise SystemExit(code)

@@ -17,7 +17,7 @@ frame, so an oversized frame or request header block is refused before it is buf
 HPACK-decoded; ``receive_data(..., budget=...)`` does a bounded amount of work per call,
 so the shell can let other connections run between slices of one large read; and the
 HPACK encoder sends literals without Huffman coding (hpack's Huffman encoder is quadratic
-in the value's length).
+in the value's length) and without the dynamic table, so repeated blocks are reused.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import h2.settings
 from grpclib.const import Status
 from h2.errors import ErrorCodes
 from hpack import Encoder
+from hpack.table import HeaderTable
 from hyperframe.frame import GoAwayFrame, HeadersFrame, RstStreamFrame
 
 from dracpu.grpc.errors import RPCError
@@ -279,16 +280,72 @@ class _FrameGuard:
         return i, None
 
 
-class _PlainEncoder(Encoder):
-    """HPACK without Huffman coding for what the server sends.
+# Header blocks the stateless encoder keeps, and the largest it keeps: the server sends
+# the same few blocks (response headers, OK trailers, a few error statuses) over and over.
+_BLOCK_CACHE_ENTRIES = 256
+_BLOCK_CACHE_BYTES = 512
+_block_cache: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
 
-    hpack's Huffman encoder builds one big integer a few bits at a time, which is
-    quadratic in the value's length (a 64 KiB value took 0.4 s). On a unix socket the
-    bytes Huffman coding saves are not worth any CPU; header values stay literal.
+
+def _hpack_int(value: int, prefix_bits: int, flags: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with ``flags`` in the first byte's high bits."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((flags | value,))
+    out = bytearray((flags | limit,))
+    value -= limit
+    while value >= 0x80:
+        out.append(0x80 | value & 0x7F)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _hpack_field(name: bytes, value: bytes) -> bytes:
+    """One field with no dynamic-table state: a static-table index when the field is there
+    whole, else a literal without indexing (RFC 7541 6.1, 6.2.2), names from the static
+    table where they are, no Huffman coding."""
+    static = HeaderTable.STATIC_TABLE_MAPPING.get(name)
+    if static is not None:
+        name_index, values = static
+        whole = values.get(value)
+        if whole is not None:
+            return _hpack_int(whole, 7, 0x80)
+        head = _hpack_int(name_index, 4, 0x00)
+    else:
+        head = b"\x00" + _hpack_int(len(name), 7, 0x00) + name
+    return head + _hpack_int(len(value), 7, 0x00) + value
+
+
+class _StatelessEncoder(Encoder):
+    """HPACK for what the server sends, with no dynamic table and no Huffman coding.
+
+    - hpack's Huffman encoder builds one big integer a few bits at a time, which is
+      quadratic in the value's length (a 64 KiB value took 0.4 s). On a unix socket the
+      bytes Huffman coding saves are not worth any CPU.
+    - Nothing is added to the dynamic table, so a block depends only on its fields: the
+      blocks a server sends on every call (``:status 200`` and content-type, then
+      ``grpc-status 0``) are encoded once per process and reused. hpack's encoder took
+      ~20 µs a block; a repeated block now costs a dictionary look-up. The price is ~16
+      bytes a call that indexing would have saved.
+
+    A table size change asked for by the peer's SETTINGS is still announced at the start
+    of the next block (RFC 7541 4.2): the table stays empty whatever its size.
     """
 
     def encode(self, headers: Any, huffman: bool = False) -> bytes:
-        return super().encode(headers, huffman=False)
+        prefix = b""
+        if self.header_table.resized:
+            prefix = b"".join(_hpack_int(size, 5, 0x20) for size in self.table_size_changes)
+            self.table_size_changes = []
+            self.header_table.resized = False
+        fields = tuple(headers)
+        block = _block_cache.get(fields)
+        if block is None:
+            block = b"".join(_hpack_field(name, value) for name, value in fields)
+            if len(block) <= _BLOCK_CACHE_BYTES and len(_block_cache) < _BLOCK_CACHE_ENTRIES:
+                _block_cache[fields] = block
+        return prefix + block
 
 
 def _h2_config() -> h2.config.H2Configuration:
@@ -348,7 +405,7 @@ class GRPCServerConnection:
         max_connection_buffer: int = MAX_CONNECTION_BUFFER,
     ) -> None:
         self._h2 = _H2Connection(config=_h2_config())
-        self._h2.encoder = _PlainEncoder()
+        self._h2.encoder = _StatelessEncoder()
         self._h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={

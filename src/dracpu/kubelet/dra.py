@@ -161,6 +161,7 @@ class DRAService:
         self._offload_io = offload_io
         # Device metadata (§10.3) is written when the plugin's data dir is given.
         self.plugin_data_dir = plugin_data_dir
+        self._metadata_offload: bool | None = None  # like _offload_io, for metadata files
 
     def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
         """Plan with a new topology from now on (CPU hotplug). Planning does not await,
@@ -189,9 +190,23 @@ class DRAService:
         remove = functools.partial(remove_claim_spec, durable=self._on_disk())
         await self._file_io(remove, self.cdi_dir, claim_uid)
 
+    def _metadata_inline(self) -> bool:
+        """Metadata files go to the plugin's data dir (on disk on real nodes, fsynced) as
+        well as the CDI dir: inline only when both are on memory filesystems, so a disk's
+        fsync never blocks the event loop."""
+        if self._metadata_offload is None:
+            assert self.plugin_data_dir is not None
+            self._metadata_offload = self._on_disk() or not on_memory_filesystem(
+                self.plugin_data_dir
+            )
+        return not self._metadata_offload
+
+    async def _metadata_io(self, fn: Callable[..., T], *args: object) -> T:
+        return await self._serial.run_blocking(fn, *args, inline=self._metadata_inline())
+
     async def _remove_metadata(self, ref: ClaimRef) -> None:
         if self.plugin_data_dir is not None:
-            await self._file_io(
+            await self._metadata_io(
                 remove_claim_metadata,
                 self.plugin_data_dir,
                 self.cdi_dir,
@@ -287,8 +302,10 @@ class DRAService:
         """Write the device metadata (§10.3); its CDI id goes on each request's first device."""
         assert self.plugin_data_dir is not None
         inventory = self.inventory if isinstance(self.inventory, DeviceAttributes) else None
-        ids = await self._file_io_result(
-            write_claim_metadata, self.plugin_data_dir, self.cdi_dir, claim, plan.devices, inventory
+        # The metadata's CDI spec is like the claim's: no fsyncs on tmpfs.
+        write = functools.partial(write_claim_metadata, spec_durable=self._on_disk())
+        ids = await self._metadata_io(
+            write, self.plugin_data_dir, self.cdi_dir, claim, plan.devices, inventory
         )
         out = list(devices)
         for request, cdi_id in ids.items():

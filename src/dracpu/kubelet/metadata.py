@@ -166,10 +166,14 @@ def write_claim_metadata(
     claim: ClaimAllocation,
     devices: Sequence[PreparedDevice],
     inventory: DeviceAttributes | None,
+    *,
+    spec_durable: bool = True,
 ) -> dict[str, str]:
     """Write each request's metadata file and CDI spec; base request -> CDI id written.
 
     A request whose files could not be written is logged and left out of the result.
+    ``spec_durable=False`` writes the CDI spec without fsyncs (a CDI dir on tmpfs); the
+    metadata file is always fsynced.
     """
     written: dict[str, str] = {}
     claim_dir = _claim_dir(plugin_dir, claim.namespace, claim.name)
@@ -191,7 +195,7 @@ def write_claim_metadata(
         spec_path = os.path.join(cdi_dir, f"{DRIVER_NAME}_metadata_{claim.uid}_{request}.json")
         try:
             atomic_write(host_path, json.dumps(document).encode() + b"\n", mode=0o644)
-            atomic_write(spec_path, json.dumps(spec, indent=2).encode())
+            atomic_write(spec_path, json.dumps(spec, indent=2).encode(), durable=spec_durable)
         except OSError as exc:
             log.warning(
                 "failed to write device metadata for claim %s/%s request %s: %s",
