@@ -43,9 +43,13 @@ def atomic_write(
     nothing (the rename is atomic either way).
     """
     parent = os.path.dirname(path) or "."
-    ensure_dir(parent, dir_mode)
-    # mkstemp creates the file 0600.
-    fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+    # mkstemp creates the file 0600. The directory is made only when the temp file cannot
+    # be: a prepare then costs no stat(2) of a directory that is there every other time.
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        ensure_dir(parent, dir_mode)  # makes it, or says what is in the way
+        fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
     try:
         try:
             view = memoryview(data)
