@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
-from dracpu.heap import GEN0_THRESHOLD
+import trio
+import trio.testing
+
+from dracpu.heap import GEN0_THRESHOLD, settle_when_ready
 
 CHILD = """
 import gc, json
@@ -38,3 +41,28 @@ def test_settle_freezes_what_is_alive_and_raises_the_young_threshold() -> None:
     assert threshold_after == [GEN0_THRESHOLD, threshold_before[1], threshold_before[2]]
     # Cycles made after settling are still collected.
     assert seen["left"] == 0
+
+
+async def test_settle_waits_for_readiness(autojump_clock: trio.testing.MockClock) -> None:
+
+    checks: list[float] = []
+    settled: list[float] = []
+
+    def ready() -> bool:
+        checks.append(trio.current_time())
+        return len(checks) >= 4
+
+    await settle_when_ready(ready, settle=lambda: settled.append(trio.current_time()))
+    assert len(checks) == 4 and settled == [checks[-1]]
+
+
+async def test_settle_happens_anyway_when_never_ready(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+
+    settled: list[float] = []
+    start = trio.current_time()
+    await settle_when_ready(
+        lambda: False, settle=lambda: settled.append(trio.current_time()), wait=7
+    )
+    assert settled == [start + 7]

@@ -107,7 +107,10 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
 
     async def startup(sup: Supervisor) -> None:
         await daemon.startup(sup)
-        heap.settle()  # every service runs: what is alive now lives as long as the process
+        # Once ready, what is alive lives as long as the process: out of the collector's way.
+        trio.lowlevel.spawn_system_task(
+            heap.settle_when_ready, lambda: all(daemon.readiness().values())
+        )
 
     try:
         code = trio.run(run_daemon, startup)
