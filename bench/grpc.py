@@ -172,7 +172,7 @@ async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
         await nursery.start(serve_unix, path, service.grpc_handlers())
-        heap.settle()  # as `dracpu run` does once its services run
+        heap.settle()  # as `dracpu run` does once it is ready; every server here does
 
 
 def _serve_durable_grpclib(path: str, cdi_dir: str, state_dir: str) -> None:
@@ -182,6 +182,7 @@ def _serve_durable_grpclib(path: str, cdi_dir: str, state_dir: str) -> None:
 
     from grpclib.server import Server
 
+    from dracpu import heap
     from dracpu.allocation.store import AllocationStore
     from dracpu.cpuset import CPUSet
     from dracpu.state import CheckpointFile, NodeState
@@ -202,6 +203,7 @@ def _serve_durable_grpclib(path: str, cdi_dir: str, state_dir: str) -> None:
         state.checkpoint = CheckpointFile(state, state_dir, boot_id="b", config_fingerprint="f")
         server = Server([_GrpclibHandlers(_service(cdi_dir, _AsyncioSerial(), state))])
         await server.start(path=path)
+        heap.settle()
         await server.wait_closed()
 
     asyncio.run(main())
@@ -241,6 +243,8 @@ async def _serve_echo(path: str) -> None:
 
 
 def _serve(kind: str, path: str, cdi_dir: str) -> None:
+    from dracpu import heap
+
     if kind == "echo":
         import trio
 
@@ -256,7 +260,12 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
 
         from dracpu.grpc import serve_unix
 
-        trio.run(serve_unix, path, _service(cdi_dir).grpc_handlers())
+        async def serve() -> None:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_unix, path, _service(cdi_dir).grpc_handlers())
+                heap.settle()
+
+        trio.run(serve)
     else:
         import asyncio
 
@@ -265,6 +274,7 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
         async def main() -> None:
             server = Server([_GrpclibHandlers(_service(cdi_dir, _AsyncioSerial()))])
             await server.start(path=path)
+            heap.settle()
             await server.wait_closed()
 
         asyncio.run(main())

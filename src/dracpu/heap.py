@@ -25,11 +25,14 @@ from collections.abc import Callable
 
 import trio
 
+from dracpu.logs import get_logger
+
 __all__ = ["GEN0_THRESHOLD", "READY_WAIT", "settle", "settle_when_ready"]
 
 GEN0_THRESHOLD = 10_000
 READY_WAIT = 60.0
 _POLL = 0.5
+log = get_logger("dracpu.heap")
 
 
 def settle() -> None:
@@ -43,8 +46,18 @@ def settle() -> None:
 async def settle_when_ready(
     ready: Callable[[], bool], *, settle: Callable[[], None] = settle, wait: float = READY_WAIT
 ) -> None:
-    """Settle once ``ready()`` holds, or after ``wait`` seconds if it never does."""
+    """Settle once ``ready()`` holds, or after ``wait`` seconds if it never does.
+
+    Runs as a Trio system task, where an exception would end the whole run: a failing
+    ``ready()`` is logged and counts as ready.
+    """
     with trio.move_on_after(wait):
-        while not ready():
+        while True:
+            try:
+                if ready():
+                    break
+            except Exception as exc:
+                log.warning("readiness check failed; settling the heap now", err=str(exc))
+                break
             await trio.sleep(_POLL)
     settle()

@@ -7,9 +7,12 @@ from its Appendix A (8 is ``:status 200``, 31 is ``content-type``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import h2.events
 import h2.settings
 import hpack
+import pytest
 from grpclib.const import Status
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +25,16 @@ from dracpu.grpc.status import RESPONSE_HEADERS, status_trailers, trailers_only
 
 RESPONSE_BLOCK = b"\x88" + b"\x0f\x10" + b"\x10application/grpc"
 OK_TRAILERS_BLOCK = b"\x00\x0bgrpc-status" + b"\x010"
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    """Each test starts with an empty block cache; the process's own is put back after."""
+    saved = dict(connection._block_cache)
+    connection._block_cache.clear()
+    yield
+    connection._block_cache.clear()
+    connection._block_cache.update(saved)
 
 
 def _decode(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
@@ -67,6 +80,59 @@ def test_a_table_size_change_is_announced_once_at_the_start_of_the_next_block() 
     assert decoder.header_table.maxsize == 100
 
 
+def test_the_blocks_of_every_call_come_from_the_cache() -> None:
+    first = _StatelessEncoder().encode(RESPONSE_HEADERS)
+    assert _StatelessEncoder().encode(RESPONSE_HEADERS) is first  # another connection too
+    assert connection._block_cache == {tuple(RESPONSE_HEADERS): RESPONSE_BLOCK}
+
+
+def test_several_size_changes_announce_the_smallest_then_the_last() -> None:
+    # RFC 7541 4.2: the peer's limit may have gone down and up again since the last block;
+    # announcing only the values in order could pass its limit of the moment.
+    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    for size in (8192, 100, 4096):
+        encoder.header_table_size = size
+    block = encoder.encode(RESPONSE_HEADERS)
+    # 100 = 31 + 69; 4096 = 31 + 4065 = 31 + 0x80|97, 31
+    assert block == b"\x3f\x45" + b"\x3f\xe1\x1f" + RESPONSE_BLOCK
+    assert _decode(decoder, block) == RESPONSE_HEADERS
+    assert decoder.header_table.maxsize == 4096
+    encoder.header_table_size = 8192  # larger than the default: announced as asked
+    assert encoder.encode(RESPONSE_HEADERS) == b"\x3f\xe1\x3f" + RESPONSE_BLOCK
+
+
+def test_a_size_change_set_twice_to_the_same_value_is_still_announced() -> None:
+    # hpack's own flag says "unchanged" after the second, equal, setting.
+    encoder = _StatelessEncoder()
+    encoder.header_table_size = 0
+    encoder.header_table_size = 0
+    assert encoder.encode(RESPONSE_HEADERS) == b"\x20" + RESPONSE_BLOCK
+    assert encoder.encode(RESPONSE_HEADERS) == RESPONSE_BLOCK
+
+
+def test_sensitive_fields_go_never_indexed_and_are_not_kept() -> None:
+    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    fields = [
+        hpack.HeaderTuple(b":status", b"200"),
+        hpack.NeverIndexedHeaderTuple(b"authorization", b"secret"),
+        (b"x-token", b"t", True),
+    ]
+    block = encoder.encode(fields)
+    # authorization is static index 23: 0x10 | 15, 23 - 15; x-token has a literal name.
+    assert block == b"\x88" + b"\x1f\x08\x06secret" + b"\x10\x07x-token\x01t"
+    decoded = decoder.decode(block, raw=True)
+    assert [type(f) for f in decoded[1:]] == [hpack.NeverIndexedHeaderTuple] * 2
+    assert connection._block_cache == {}
+
+
+def test_text_fields_are_encoded_as_utf8() -> None:
+    block = _StatelessEncoder().encode([(":status", "200"), ("grpc-message", "ü")])
+    assert _decode(hpack.Decoder(), block) == [
+        (b":status", b"200"),
+        (b"grpc-message", "ü".encode()),
+    ]
+
+
 def test_the_cache_is_bounded_in_entries_and_in_block_size() -> None:
     encoder = _StatelessEncoder()
     big = [(b"grpc-message", b"m" * (connection._BLOCK_CACHE_BYTES + 1))]
@@ -76,6 +142,9 @@ def test_the_cache_is_bounded_in_entries_and_in_block_size() -> None:
         fields = [(b"grpc-status", b"2"), (b"grpc-message", b"error %d" % i)]
         assert _decode(hpack.Decoder(), encoder.encode(fields)) == fields
     assert len(connection._block_cache) <= connection._BLOCK_CACHE_ENTRIES
+    # A full cache starts over: blocks that are still sent get back in.
+    encoder.encode(RESPONSE_HEADERS)
+    assert tuple(RESPONSE_HEADERS) in connection._block_cache
 
 
 _names = st.one_of(
@@ -94,9 +163,11 @@ def test_any_blocks_decode_to_what_was_encoded(blocks: list[list[tuple[bytes, by
     assert len(decoder.header_table.dynamic_entries) == 0
 
 
-def test_a_client_that_turns_its_table_off_still_reads_every_reply() -> None:
+@pytest.mark.parametrize("settings", [[0], [0, 0], [8192, 4096], [8192, 100, 4096]])
+def test_a_client_that_changes_its_table_size_still_reads_every_reply(settings: list[int]) -> None:
     pair = Pair()
-    pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0})
+    for size in settings:  # each SETTINGS frame acknowledged before the next reply
+        pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: size})
     pair.exchange()
     for _ in range(2):
         sid = pair.request(encode_message(b"x"))
@@ -108,4 +179,4 @@ def test_a_client_that_turns_its_table_off_still_reads_every_reply() -> None:
         assert resp.headers == RESPONSE_HEADERS
         (trailers,) = pair.of(h2.events.TrailersReceived, sid)
         assert trailers.headers == [(b"grpc-status", b"0")]
-    assert pair.client.decoder.header_table.maxsize == 0
+    assert pair.client.decoder.header_table.maxsize == settings[-1]

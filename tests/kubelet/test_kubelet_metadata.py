@@ -8,12 +8,14 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from builders import claim, result
 from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare_stub, serving
 
+from dracpu.atomicfile import atomic_write
 from dracpu.cdi import device_env
 from dracpu.kubelet import ClaimRef
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
@@ -180,13 +182,23 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
     import tempfile
     import threading
 
-    from dracpu.kubelet import dra
+    from dracpu.cdi import on_memory_filesystem
+    from dracpu.kubelet import dra, metadata
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("needs a tmpfs at /dev/shm")
+    if not plugin_on_tmpfs and on_memory_filesystem(short_tmp):
+        pytest.skip("needs a temp dir on disk")
     cdi_dir = tempfile.mkdtemp(dir="/dev/shm", prefix="dracpu-cdi.")
     plugin_dir = tempfile.mkdtemp(dir="/dev/shm" if plugin_on_tmpfs else short_tmp)
     seen: dict[str, tuple[bool, object]] = {}
+    durable: dict[str, bool] = {}
+
+    def recorded_write(path: str, data: bytes, **kw: Any) -> None:
+        durable[os.path.basename(path)] = kw.get("durable", True)
+        atomic_write(path, data, **kw)
+
+    monkeypatch.setattr(metadata, "atomic_write", recorded_write)
 
     def watched(name: str, fn: object) -> object:
         def call(*args: object, **kw: object) -> object:
@@ -210,6 +222,8 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
         # spec is written without fsyncs either way, as the CDI dir is a tmpfs.
         assert seen["write"] == (plugin_on_tmpfs, {"spec_durable": False})
         assert seen["remove"][0] == plugin_on_tmpfs
+        # The metadata file itself is fsynced wherever it is.
+        assert durable == {"metadata.json": True, "dra.cpu_metadata_uid-t_cpus.json": False}
     finally:
         shutil.rmtree(cdi_dir, ignore_errors=True)
         shutil.rmtree(plugin_dir, ignore_errors=True)

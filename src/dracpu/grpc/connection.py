@@ -36,7 +36,7 @@ import h2.exceptions
 import h2.settings
 from grpclib.const import Status
 from h2.errors import ErrorCodes
-from hpack import Encoder
+from hpack import Encoder, HeaderTuple
 from hpack.table import HeaderTable
 from hyperframe.frame import GoAwayFrame, HeadersFrame, RstStreamFrame
 
@@ -282,9 +282,12 @@ class _FrameGuard:
 
 # Header blocks the stateless encoder keeps, and the largest it keeps: the server sends
 # the same few blocks (response headers, OK trailers, a few error statuses) over and over.
+# A full cache starts over, so blocks that stopped coming leave it.
 _BLOCK_CACHE_ENTRIES = 256
 _BLOCK_CACHE_BYTES = 512
 _block_cache: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+# First-byte patterns of RFC 7541 6.2.2 (without indexing) and 6.2.3 (never indexed).
+_WITHOUT_INDEXING, _NEVER_INDEXED = 0x00, 0x10
 
 
 def _hpack_int(value: int, prefix_bits: int, flags: int) -> bytes:
@@ -301,20 +304,34 @@ def _hpack_int(value: int, prefix_bits: int, flags: int) -> bytes:
     return bytes(out)
 
 
-def _hpack_field(name: bytes, value: bytes) -> bytes:
+def _hpack_field(name: bytes, value: bytes, literal: int = _WITHOUT_INDEXING) -> bytes:
     """One field with no dynamic-table state: a static-table index when the field is there
-    whole, else a literal without indexing (RFC 7541 6.1, 6.2.2), names from the static
-    table where they are, no Huffman coding."""
+    whole (not for a never-indexed field), else a literal of the ``literal`` kind, its name
+    from the static table where it is there, no Huffman coding."""
     static = HeaderTable.STATIC_TABLE_MAPPING.get(name)
     if static is not None:
         name_index, values = static
         whole = values.get(value)
-        if whole is not None:
+        if whole is not None and literal == _WITHOUT_INDEXING:
             return _hpack_int(whole, 7, 0x80)
-        head = _hpack_int(name_index, 4, 0x00)
+        head = _hpack_int(name_index, 4, literal)
     else:
-        head = b"\x00" + _hpack_int(len(name), 7, 0x00) + name
+        head = bytes((literal,)) + _hpack_int(len(name), 7, 0x00) + name
     return head + _hpack_int(len(value), 7, 0x00) + value
+
+
+def _as_bytes(item: object) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    return str(item).encode("utf-8")
+
+
+def _size_updates(changes: list[int]) -> bytes:
+    """Dynamic table size updates (RFC 7541 6.3) for the changes since the last block: the
+    smallest, then the last if it differs (4.2), so none passes what the peer allows now."""
+    smallest, last = min(changes), changes[-1]
+    updates = [smallest] if smallest == last else [smallest, last]
+    return b"".join(_hpack_int(size, 5, 0x20) for size in updates)
 
 
 class _StatelessEncoder(Encoder):
@@ -328,24 +345,49 @@ class _StatelessEncoder(Encoder):
       ``grpc-status 0``) are encoded once per process and reused. hpack's encoder took
       ~20 µs a block; a repeated block now costs a dictionary look-up. The price is ~16
       bytes a call that indexing would have saved.
+    - A sensitive field (hpack's ``NeverIndexedHeaderTuple``, or a third item that is
+      true) goes as never indexed (RFC 7541 6.2.3), and its block is not kept.
 
-    A table size change asked for by the peer's SETTINGS is still announced at the start
+    Table size changes asked for by the peer's SETTINGS are still announced at the start
     of the next block (RFC 7541 4.2): the table stays empty whatever its size.
     """
 
     def encode(self, headers: Any, huffman: bool = False) -> bytes:
         prefix = b""
-        if self.header_table.resized:
-            prefix = b"".join(_hpack_int(size, 5, 0x20) for size in self.table_size_changes)
+        if self.table_size_changes:
+            prefix = _size_updates(self.table_size_changes)
             self.table_size_changes = []
-            self.header_table.resized = False
-        fields = tuple(headers)
-        block = _block_cache.get(fields)
+        self.header_table.resized = False
+        items = list(headers.items() if isinstance(headers, dict) else headers)
+        fields: list[tuple[bytes, bytes]] = []
+        sensitive = False
+        for item in items:
+            fields.append((_as_bytes(item[0]), _as_bytes(item[1])))
+            if isinstance(item, HeaderTuple):
+                sensitive = sensitive or not item.indexable
+            elif len(item) > 2 and item[2]:
+                sensitive = True
+        if sensitive:
+            return prefix + self._encode_sensitive(items, fields)
+        key = tuple(fields)
+        block = _block_cache.get(key)
         if block is None:
-            block = b"".join(_hpack_field(name, value) for name, value in fields)
-            if len(block) <= _BLOCK_CACHE_BYTES and len(_block_cache) < _BLOCK_CACHE_ENTRIES:
-                _block_cache[fields] = block
-        return prefix + block
+            block = b"".join(_hpack_field(name, value) for name, value in key)
+            if len(block) <= _BLOCK_CACHE_BYTES:
+                if len(_block_cache) >= _BLOCK_CACHE_ENTRIES:
+                    _block_cache.clear()
+                _block_cache[key] = block
+        return prefix + block if prefix else block
+
+    @staticmethod
+    def _encode_sensitive(items: Any, fields: list[tuple[bytes, bytes]]) -> bytes:
+        out = []
+        for item, (name, value) in zip(items, fields, strict=True):
+            never = (isinstance(item, HeaderTuple) and not item.indexable) or (
+                not isinstance(item, HeaderTuple) and len(item) > 2 and bool(item[2])
+            )
+            out.append(_hpack_field(name, value, _NEVER_INDEXED if never else _WITHOUT_INDEXING))
+        return b"".join(out)
 
 
 def _h2_config() -> h2.config.H2Configuration:
