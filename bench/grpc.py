@@ -163,16 +163,26 @@ async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
     """The daemon's file work: CDI specs on tmpfs and the checkpoint, fsynced, on disk."""
     import trio
 
-    from dracpu import heap
-    from dracpu.grpc import serve_unix
     from dracpu.state import CheckpointFile
 
     service = _service(cdi_dir)
     checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
-        await nursery.start(serve_unix, path, service.grpc_handlers())
-        heap.settle()  # as `dracpu run` does once it is ready; every server here does
+        await _serve_settled(path, service.grpc_handlers())
+
+
+async def _serve_settled(path: str, handlers: Any) -> None:
+    """``serve_unix``, the heap settled once it listens: as `dracpu run` does once it is
+    ready. Every server here settles, so the comparisons are like for like."""
+    import trio
+
+    from dracpu import heap
+    from dracpu.grpc import serve_unix
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_unix, path, handlers)
+        heap.settle()
 
 
 def _serve_durable_grpclib(path: str, cdi_dir: str, state_dir: str) -> None:
@@ -221,10 +231,6 @@ class _GrpclibHandlers:
 
 async def _serve_echo(path: str) -> None:
     """The floor of the drain: the same Trio + h2 server, handlers that answer at once."""
-    import trio
-
-    from dracpu import heap
-    from dracpu.grpc import serve_unix
     from dracpu.proto.dra.v1 import api_grpc
     from dracpu.proto.dra.v1 import api_pb2 as pb
 
@@ -237,9 +243,7 @@ async def _serve_echo(path: str) -> None:
             await stream.recv_message()
             await stream.send_message(pb.NodeUnprepareResourcesResponse())
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(serve_unix, path, Echo().__mapping__())
-        heap.settle()
+    await _serve_settled(path, Echo().__mapping__())
 
 
 def _serve(kind: str, path: str, cdi_dir: str) -> None:
@@ -258,14 +262,7 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
     elif kind == "trio":
         import trio
 
-        from dracpu.grpc import serve_unix
-
-        async def serve() -> None:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(serve_unix, path, _service(cdi_dir).grpc_handlers())
-                heap.settle()
-
-        trio.run(serve)
+        trio.run(_serve_settled, path, _service(cdi_dir).grpc_handlers())
     else:
         import asyncio
 

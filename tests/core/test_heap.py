@@ -54,7 +54,6 @@ def test_settle_freezes_what_is_alive_and_raises_the_young_threshold() -> None:
 
 
 async def test_settle_waits_for_readiness(autojump_clock: trio.testing.MockClock) -> None:
-
     checks: list[float] = []
     settled: list[float] = []
 
@@ -69,7 +68,6 @@ async def test_settle_waits_for_readiness(autojump_clock: trio.testing.MockClock
 async def test_settle_happens_anyway_when_never_ready(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-
     settled: list[float] = []
     start = trio.current_time()
     await settle_when_ready(

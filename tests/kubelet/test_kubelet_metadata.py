@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import stat
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,8 @@ from builders import claim, result
 from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare_stub, serving
 
 from dracpu.atomicfile import atomic_write
-from dracpu.cdi import device_env
-from dracpu.kubelet import ClaimRef
+from dracpu.cdi import device_env, on_memory_filesystem
+from dracpu.kubelet import ClaimRef, dra, metadata
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 
 
@@ -178,13 +181,6 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
 ) -> None:
     # A CDI dir on tmpfs lets spec writes run inline; the metadata file goes to the
     # plugin's data dir, which on a real node is on disk and fsynced: a worker thread then.
-    import shutil
-    import tempfile
-    import threading
-
-    from dracpu.cdi import on_memory_filesystem
-    from dracpu.kubelet import dra, metadata
-
     if not os.path.isdir("/dev/shm"):
         pytest.skip("needs a tmpfs at /dev/shm")
     if not plugin_on_tmpfs and on_memory_filesystem(short_tmp):

@@ -37,6 +37,7 @@ import h2.settings
 from grpclib.const import Status
 from h2.errors import ErrorCodes
 from hpack import Encoder, HeaderTuple
+from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
 from hyperframe.frame import GoAwayFrame, HeadersFrame, RstStreamFrame
 
@@ -291,16 +292,9 @@ _WITHOUT_INDEXING, _NEVER_INDEXED = 0x00, 0x10
 
 
 def _hpack_int(value: int, prefix_bits: int, flags: int) -> bytes:
-    """An HPACK integer (RFC 7541 5.1) with ``flags`` in the first byte's high bits."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((flags | value,))
-    out = bytearray((flags | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append(0x80 | value & 0x7F)
-        value >>= 7
-    out.append(value)
+    """An HPACK integer (RFC 7541 5.1, hpack's encoder) with ``flags`` in its first byte."""
+    out = encode_integer(value, prefix_bits)
+    out[0] |= flags
     return bytes(out)
 
 
@@ -324,6 +318,14 @@ def _as_bytes(item: object) -> bytes:
     if isinstance(item, bytes):
         return item
     return str(item).encode("utf-8")
+
+
+def _never_indexed(item: Any) -> bool:
+    """hpack's two ways to mark a sensitive field: ``NeverIndexedHeaderTuple``, or a true
+    third item in a plain tuple."""
+    if isinstance(item, HeaderTuple):
+        return not item.indexable
+    return len(item) > 2 and bool(item[2])
 
 
 def _size_updates(changes: list[int]) -> bytes:
@@ -357,18 +359,19 @@ class _StatelessEncoder(Encoder):
         if self.table_size_changes:
             prefix = _size_updates(self.table_size_changes)
             self.table_size_changes = []
-        self.header_table.resized = False
         items = list(headers.items() if isinstance(headers, dict) else headers)
         fields: list[tuple[bytes, bytes]] = []
         sensitive = False
         for item in items:
             fields.append((_as_bytes(item[0]), _as_bytes(item[1])))
-            if isinstance(item, HeaderTuple):
-                sensitive = sensitive or not item.indexable
-            elif len(item) > 2 and item[2]:
-                sensitive = True
+            # h2 hands over plain 2-tuples: only other items are looked at further.
+            if type(item) is not tuple or len(item) > 2:
+                sensitive = sensitive or _never_indexed(item)
         if sensitive:
-            return prefix + self._encode_sensitive(items, fields)
+            return prefix + b"".join(
+                _hpack_field(*field, _NEVER_INDEXED if _never_indexed(item) else _WITHOUT_INDEXING)
+                for field, item in zip(fields, items, strict=True)
+            )
         key = tuple(fields)
         block = _block_cache.get(key)
         if block is None:
@@ -378,16 +381,6 @@ class _StatelessEncoder(Encoder):
                     _block_cache.clear()
                 _block_cache[key] = block
         return prefix + block if prefix else block
-
-    @staticmethod
-    def _encode_sensitive(items: Any, fields: list[tuple[bytes, bytes]]) -> bytes:
-        out = []
-        for item, (name, value) in zip(items, fields, strict=True):
-            never = (isinstance(item, HeaderTuple) and not item.indexable) or (
-                not isinstance(item, HeaderTuple) and len(item) > 2 and bool(item[2])
-            )
-            out.append(_hpack_field(name, value, _NEVER_INDEXED if never else _WITHOUT_INDEXING))
-        return b"".join(out)
 
 
 def _h2_config() -> h2.config.H2Configuration:

@@ -159,10 +159,10 @@ class DRAService:
         self._serial = serial or Serializer()
         # None: decided at the first write, in a worker thread unless on tmpfs.
         self._offload_io = offload_io
-        self._offload_io_chosen = offload_io is not None  # then metadata files follow it
         # Device metadata (§10.3) is written when the plugin's data dir is given.
         self.plugin_data_dir = plugin_data_dir
-        self._metadata_offload: bool | None = None  # like _offload_io, for metadata files
+        # Like _offload_io, for metadata files: a caller's choice holds for them too.
+        self._metadata_offload = offload_io
 
     def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
         """Plan with a new topology from now on (CPU hotplug). Planning does not await,
@@ -197,12 +197,9 @@ class DRAService:
         fsync never blocks the event loop (unless the caller chose ``offload_io``)."""
         if self._metadata_offload is None:
             assert self.plugin_data_dir is not None
-            if self._offload_io_chosen:  # the caller's choice holds for every file
-                self._metadata_offload = self._on_disk()
-            else:
-                self._metadata_offload = self._on_disk() or not on_memory_filesystem(
-                    self.plugin_data_dir
-                )
+            self._metadata_offload = self._on_disk() or not on_memory_filesystem(
+                self.plugin_data_dir
+            )
         return not self._metadata_offload
 
     async def _metadata_io(self, fn: Callable[..., T], *args: object) -> T:
