@@ -33,10 +33,10 @@ def _schema(doc: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 def test_root_lists_every_served_group_version() -> None:
     root = openapi.document("/openapi/v3")
     assert root is not None
-    assert set(root["paths"]) == {"api/v1", "apis/resource.k8s.io/v1"}
+    assert set(root["paths"]) == {"api/v1", "apis/resource.k8s.io/v1", "apis/apps/v1"}
     url = root["paths"]["apis/resource.k8s.io/v1"]["serverRelativeURL"]
     assert url.startswith("/openapi/v3/apis/resource.k8s.io/v1?hash=")
-    assert openapi.document("/openapi/v3/apis/apps/v1") is None
+    assert openapi.document("/openapi/v3/apis/batch/v1") is None
 
 
 def test_patch_of_every_kind_takes_field_validation() -> None:
@@ -47,6 +47,7 @@ def test_patch_of_every_kind_takes_field_validation() -> None:
             {"ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass"},
         ),
         ("api/v1", {"Pod", "Node"}),
+        ("apis/apps/v1", {"Deployment"}),
     ):
         doc = openapi.document(f"/openapi/v3/{gv}")
         assert doc is not None and doc["openapi"].startswith("3.")
@@ -119,7 +120,7 @@ def test_handler_serves_the_documents() -> None:
     for target in ("/openapi/v3", "/openapi/v3/api/v1?hash=ABC"):
         response = handler.handle(Request("GET", target, {}))
         assert getattr(response, "status", None) == 200, target
-    missing = handler.handle(Request("GET", "/openapi/v3/apis/apps/v1", {}))
+    missing = handler.handle(Request("GET", "/openapi/v3/apis/batch/v1", {}))
     assert getattr(missing, "status", None) == 404
 
 

@@ -247,9 +247,13 @@ async def test_pod_binding(sim: Sim) -> None:
 
 async def test_pod_updates_and_status(sim: Sim) -> None:
     await run(sim.core.create_namespaced_pod, "ns1", pod("p1"))
-    # the lenient path the real server refuses (it wants pods/binding): kept for stand-ins
-    patched = await run(sim.core.patch_namespaced_pod, "p1", "ns1", {"spec": {"nodeName": "n1"}})
-    assert patched.spec.node_name == "n1"
+    # spec.nodeName is set through pods/binding only, as on a real server
+    with pytest.raises(ApiException) as refused:
+        await run(sim.core.patch_namespaced_pod, "p1", "ns1", {"spec": {"nodeName": "n1"}})
+    assert refused.value.status == 422
+    assert status_of(refused.value)["message"].startswith(
+        'Pod "p1" is invalid: spec: Forbidden: pod updates may not change fields other than '
+    )
     current = await run(sim.core.read_namespaced_pod, "p1", "ns1")
     current.metadata.labels = {"app": "demo"}
     replaced = await run(sim.core.replace_namespaced_pod, "p1", "ns1", current)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 __all__ = [
@@ -9,9 +10,14 @@ __all__ = [
     "FieldError",
     "already_exists",
     "bad_request",
+    "bad_value",
     "conflict",
+    "go_format",
+    "go_quote",
     "gone",
+    "internal",
     "invalid",
+    "invalid_patch",
     "not_found",
     "status_for_code",
 ]
@@ -81,8 +87,9 @@ class ApiError(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
         }
+        if self.reason:  # Go omits an empty reason (StatusReasonUnknown)
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         body["code"] = self.code
@@ -146,6 +153,24 @@ def invalid(kind: str, group: str, name: str, errors: list[FieldError]) -> ApiEr
     )
 
 
+def invalid_patch(patched: str, detail: str) -> ApiError:
+    """A patch whose result the server cannot take: ``errors.NewInvalid`` with an empty
+    GroupKind and name and one ``patch`` error holding the patched document (apiserver
+    pkg/endpoints/handlers/patch.go), hence the message's leading `` "" is invalid``."""
+    cause = FieldError(
+        "FieldValueInvalid", "patch", f"Invalid value: {go_quote(patched)}: {detail}"
+    )
+    return ApiError(
+        422, "Invalid", f' "" is invalid: {cause.render()}', {"causes": [cause.cause()]}
+    )
+
+
+def internal(message: str) -> ApiError:
+    """An error the real server did not wrap in a Status: 500 with no reason
+    (``ErrorToAPIStatus`` in apiserver pkg/endpoints/handlers/responsewriters/status.go)."""
+    return ApiError(500, "", message)
+
+
 def gone(message: str) -> ApiError:
     return ApiError(410, "Expired", message)
 
@@ -159,3 +184,64 @@ def status_for_code(code: int, message: str) -> ApiError:
     retry_after = 1 if code == 429 else None
     details: dict[str, Any] | None = {"retryAfterSeconds": 1} if code == 429 else None
     return ApiError(code, _REASONS.get(code, "Unknown"), message, details, retry_after=retry_after)
+
+
+def bad_value(value: Any) -> str:
+    """A bad value in a field error as a v1.34 server prints it (field.Error.ErrorBody):
+    strings quoted, numbers and booleans bare, null as ``null``, anything else as JSON
+    (kubernetes/kubernetes#132314)."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return go_quote(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+_GO_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+}
+
+
+def go_quote(text: str) -> str:
+    """Go's ``%q`` of a string (strconv.Quote): short escapes, ``\\xNN`` for other control
+    bytes, ``\\uNNNN`` for characters that do not print."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif not ch.isprintable():
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def go_format(value: Any) -> str:
+    """Go's ``%+v`` of a decoded JSON value (map[string]interface{} and friends): maps as
+    ``map[k:v ...]`` with sorted keys, lists as ``[a b]``, strings bare, null as
+    ``<nil>``."""
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{go_format(value[k])}" for k in sorted(value)) + "]"
+    if isinstance(value, list):
+        return "[" + " ".join(go_format(v) for v in value) + "]"
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -15,7 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from dracpu.sim.apiserver import discovery, errors, openapi
-from dracpu.sim.apiserver.errors import ApiError
+from dracpu.sim.apiserver.apply import APPLY_PATCH, decode_apply_body
+from dracpu.sim.apiserver.errors import ApiError, FieldError
 from dracpu.sim.apiserver.faults import CallCounter, FaultInjector, RequestLog
 from dracpu.sim.apiserver.resources import ResourceType, resource_by_path
 from dracpu.sim.apiserver.selectors import (
@@ -286,10 +287,13 @@ class Handler:
                     continue_token=query.get("continue") or None,
                 ),
             )
+        content_type = request.headers.get("content-type", "").split(";")[0].strip()
+        _check_write_options(route.verb, content_type, query)
         if route.verb == "create" and route.subresource == "binding":
             assert route.name is not None
             return _json(201, store.bind(ns, route.name, _decode(request.body)))
-        if route.verb in ("create", "update") and query.get("fieldValidation") == "Strict":
+        validation = query.get("fieldValidation", "")
+        if route.verb in ("create", "update") and validation == "Strict":
             openapi.check_strict(r, _decode(request.body))
         if route.verb == "create":
             return _json(201, store.create(r, ns, _decode(request.body)))
@@ -303,8 +307,17 @@ class Handler:
                     r, ns, route.name, _decode(request.body), subresource=route.subresource
                 ),
             )
+        if route.verb == "patch" and content_type == APPLY_PATCH:
+            applied, status = store.apply(
+                r,
+                ns,
+                route.name,
+                decode_apply_body(request.body),
+                manager=query["fieldManager"],
+                subresource=route.subresource,
+            )
+            return _json(status, applied)
         if route.verb == "patch":
-            content_type = request.headers.get("content-type", "").split(";")[0].strip()
             return _json(
                 200,
                 store.patch(
@@ -314,6 +327,7 @@ class Handler:
                     content_type,
                     _decode(request.body),
                     subresource=route.subresource,
+                    field_validation=validation,
                 ),
             )
         options = _decode(request.body) if request.body.strip() else {}
@@ -339,6 +353,50 @@ class Handler:
             timeout_seconds=float(timeout) if timeout else None,
             send_initial_events=_truthy(query.get("sendInitialEvents")),
         )
+
+
+_OPTIONS_KINDS = {"create": "CreateOptions", "update": "UpdateOptions", "patch": "PatchOptions"}
+# allowedFieldValidationValues, sorted as sets.String.List() gives them
+# (apimachinery pkg/apis/meta/v1/validation/validation.go ValidateFieldValidation).
+_FIELD_VALIDATION_VALUES = ("", "Ignore", "Strict", "Warn")
+
+
+def _check_write_options(verb: str, content_type: str, query: dict[str, str]) -> None:
+    """The query options of a write, as ValidateCreateOptions / ValidateUpdateOptions /
+    ValidatePatchOptions check them: 422 ``<Kind>Options.meta.k8s.io "" is invalid``."""
+    kind = _OPTIONS_KINDS.get(verb)
+    if kind is None:
+        return
+    problems: list[FieldError] = []
+    if verb == "patch" and content_type == APPLY_PATCH:
+        if not query.get("fieldManager"):
+            problems.append(
+                FieldError(
+                    "FieldValueRequired",
+                    "fieldManager",
+                    "Required value: is required for apply patch",
+                )
+            )
+    elif verb == "patch" and "force" in query:
+        problems.append(
+            FieldError(
+                "FieldValueForbidden",
+                "force",
+                "Forbidden: may not be specified for non-apply patch",
+            )
+        )
+    validation = query.get("fieldValidation", "")
+    if validation not in _FIELD_VALIDATION_VALUES:
+        supported = ", ".join(f'"{v}"' for v in _FIELD_VALIDATION_VALUES)
+        problems.append(
+            FieldError(
+                "FieldValueNotSupported",
+                "fieldValidation",
+                f"Unsupported value: {errors.go_quote(validation)}: supported values: {supported}",
+            )
+        )
+    if problems:
+        raise errors.invalid(kind, "meta.k8s.io", "", problems)
 
 
 def _fault_message(status: int) -> str:

@@ -34,11 +34,22 @@ import hashlib
 import json
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any
 
+from dracpu.sim.apiserver.list_keys import MERGE_KEYS
 from dracpu.sim.apiserver.resources import RESOURCES, ResourceType
 
-__all__ = ["check_strict", "document", "is_openapi_path", "root_document", "strict_problems"]
+__all__ = [
+    "UnknownField",
+    "check_strict",
+    "document",
+    "is_openapi_path",
+    "root_document",
+    "strict_decoding_error",
+    "strict_problems",
+    "unknown_fields",
+]
 
 _PREFIX = "/openapi/v3"
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
@@ -52,6 +63,8 @@ _META_MODELS = {
     "V1StatusCause": "StatusCause",
     "V1DeleteOptions": "DeleteOptions",
     "V1Preconditions": "Preconditions",
+    "V1LabelSelector": "LabelSelector",
+    "V1LabelSelectorRequirement": "LabelSelectorRequirement",
 }
 # The client's model of each served kind (where the name alone would be ambiguous the
 # client prefixes the group).
@@ -62,7 +75,10 @@ _KIND_MODELS = {
     ("resource.k8s.io", "DeviceClass"): "V1DeviceClass",
     ("", "Node"): "V1Node",
     ("", "Pod"): "V1Pod",
+    ("apps", "Deployment"): "V1Deployment",
 }
+# Core types reached from a kind of another group (a Deployment's pod template).
+_CORE_ROOTS = ("V1Pod", "V1Node", "V1PodTemplateSpec")
 _WRITE_PARAMS = ("dryRun", "fieldManager", "fieldValidation")
 
 
@@ -126,35 +142,53 @@ def _document_json(group: str, version: str) -> str:
     return json.dumps(doc, sort_keys=False)
 
 
-def strict_problems(resource: ResourceType, obj: Any) -> str | None:
-    """The real server's message when ``obj`` has fields its kind does not know, or None."""
+@dataclass(frozen=True, slots=True)
+class UnknownField:
+    """A field the kind's schema does not have, named two ways: ``path`` as the strict JSON
+    decoder writes it (``spec.containers[0].imagee``), ``apply_path`` as server-side
+    apply's schema check does (``.spec.containers[name="worker"].imagee``)."""
+
+    path: str
+    apply_path: str
+
+
+def unknown_fields(resource: ResourceType, obj: Any) -> list[UnknownField]:
+    """Every field of ``obj`` its kind's schema does not know, in document order."""
     if (resource.group, resource.version) not in _group_versions() or not isinstance(obj, dict):
-        return None
+        return []
     schemas = _parsed(resource.group, resource.version)["components"]["schemas"]
+    gvk = {"group": resource.group, "version": resource.version, "kind": resource.kind}
     root = next(
-        (
-            name
-            for name, schema in schemas.items()
-            if {"group": resource.group, "version": resource.version, "kind": resource.kind}
-            in schema.get("x-kubernetes-group-version-kind", [])
-        ),
+        (n for n, s in schemas.items() if gvk in s.get("x-kubernetes-group-version-kind", [])),
         None,
     )
     if root is None:
-        return None
-    unknown: list[str] = []
-    _walk(schemas, schemas[root], obj, "", unknown)
+        return []
+    unknown: list[UnknownField] = []
+    _walk(schemas, schemas[root], obj, UnknownField("", ""), unknown)
+    return unknown
+
+
+def strict_decoding_error(unknown: list[UnknownField]) -> str:
+    """``runtime.NewStrictDecodingError``'s text (apimachinery pkg/runtime/error.go)."""
+    return "strict decoding error: " + ", ".join(f'unknown field "{u.path}"' for u in unknown)
+
+
+def strict_problems(resource: ResourceType, obj: Any) -> str | None:
+    """The real server's message when ``obj`` has fields its kind does not know, or None
+    (``transformDecodeError`` in apiserver pkg/endpoints/handlers/rest.go)."""
+    unknown = unknown_fields(resource, obj)
     if not unknown:
         return None
-    fields = ", ".join(f'unknown field "{path}"' for path in unknown)
     return (
         f'{resource.kind} in version "{resource.version}" cannot be handled as a '
-        f"{resource.kind}: strict decoding error: {fields}"
+        f"{resource.kind}: {strict_decoding_error(unknown)}"
     )
 
 
 def check_strict(resource: ResourceType, obj: Any) -> None:
-    """``fieldValidation=Strict``: an ``ApiError`` (400) when ``obj`` has unknown fields."""
+    """``fieldValidation=Strict`` on a create or an update (PUT): an ``ApiError`` (400)
+    when ``obj`` has unknown fields."""
     from dracpu.sim.apiserver import errors
 
     problem = strict_problems(resource, obj)
@@ -170,15 +204,29 @@ def _resolve(schemas: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def _item_key(field: str, index: int, item: Any) -> str:
+    """A list item in an apply path: ``[name="worker"]`` in a keyed list, else ``[0]``."""
+    key = MERGE_KEYS.get(field)
+    if key is not None and isinstance(item, dict) and key in item:
+        return f"[{key}={json.dumps(item[key])}]"
+    return f"[{index}]"
+
+
 def _walk(
-    schemas: dict[str, Any], schema: dict[str, Any], value: Any, path: str, unknown: list[str]
+    schemas: dict[str, Any],
+    schema: dict[str, Any],
+    value: Any,
+    at: UnknownField,
+    unknown: list[UnknownField],
 ) -> None:
     schema = _resolve(schemas, schema)
     if schema.get("x-kubernetes-preserve-unknown-fields"):
         return
     if isinstance(value, dict) and "properties" in schema:
         for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
+            where = UnknownField(
+                f"{at.path}.{key}" if at.path else str(key), f"{at.apply_path}.{key}"
+            )
             prop = schema["properties"].get(key)
             if prop is None:
                 unknown.append(where)
@@ -186,10 +234,15 @@ def _walk(
                 _walk(schemas, prop, item, where, unknown)
     elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
         for key, item in value.items():
-            _walk(schemas, schema["additionalProperties"], item, f"{path}.{key}", unknown)
+            where = UnknownField(f"{at.path}.{key}", f"{at.apply_path}.{key}")
+            _walk(schemas, schema["additionalProperties"], item, where, unknown)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        field = at.apply_path.rsplit(".", 1)[-1]
         for index, item in enumerate(value):
-            _walk(schemas, schema["items"], item, f"{path}[{index}]", unknown)
+            where = UnknownField(
+                f"{at.path}[{index}]", at.apply_path + _item_key(field, index, item)
+            )
+            _walk(schemas, schema["items"], item, where, unknown)
 
 
 # -- schemas from the client's models ------------------------------------------------------
@@ -209,8 +262,18 @@ def _is_model(value: object) -> bool:
 @functools.cache
 def _core_models() -> frozenset[str]:
     """Every model a core v1 kind reaches: those are ``io.k8s.api.core.v1`` types."""
+    return _reachable(*_CORE_ROOTS)
+
+
+@functools.cache
+def _apps_models() -> frozenset[str]:
+    """The models only a Deployment reaches: ``io.k8s.api.apps.v1`` types."""
+    return _reachable(_KIND_MODELS[("apps", "Deployment")]) - _core_models()
+
+
+def _reachable(*roots: str) -> frozenset[str]:
     seen: set[str] = set()
-    todo = [_model(_KIND_MODELS[("", kind)]) for kind in ("Pod", "Node")]
+    todo = [_model(name) for name in roots]
     while todo:
         model = todo.pop()
         if model.__name__ in seen:
@@ -247,6 +310,8 @@ class _Schemas:
             return f"{_META}.{_META_MODELS[name]}"
         if name in self.core or name.startswith("CoreV1"):
             return f"io.k8s.api.core.v1.{_short_name(name)}"
+        if name in _apps_models():
+            return f"io.k8s.api.apps.v1.{_short_name(name)}"
         return f"io.k8s.api.resource.v1.{_short_name(name)}"
 
     def kind_schema(self, resource: ResourceType) -> str:

@@ -123,6 +123,18 @@ PODS = ResourceType(
     ),
     short_names=("po",),
 )
+# apps/v1 Deployments, stored and validated so ``kubectl apply`` of a manifest holding one
+# succeeds whole; no controller turns them into ReplicaSets or pods (the demo stands in).
+DEPLOYMENTS = ResourceType(
+    group="apps",
+    version="v1",
+    plural="deployments",
+    singular="deployment",
+    kind="Deployment",
+    namespaced=True,
+    has_status=True,
+    short_names=("deploy",),
+)
 
 RESOURCES: tuple[ResourceType, ...] = (
     RESOURCE_SLICES,
@@ -131,6 +143,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     DEVICE_CLASSES,
     NODES,
     PODS,
+    DEPLOYMENTS,
 )
 
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}

@@ -22,11 +22,22 @@ from typing import Any
 
 import msgspec
 
-from dracpu.sim.apiserver import errors
+from dracpu.sim.apiserver import errors, openapi
+from dracpu.sim.apiserver.apply import APPLY_PATCH, applied_configuration, merge_applied
+from dracpu.sim.apiserver.deployments import validate_deployment, validate_deployment_update
 from dracpu.sim.apiserver.errors import ApiError, FieldError
 from dracpu.sim.apiserver.patch import json_patch, merge_patch
-from dracpu.sim.apiserver.resources import PODS, RESOURCE_SLICES, ResourceType
+from dracpu.sim.apiserver.resources import (
+    DEPLOYMENTS,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    ResourceType,
+)
 from dracpu.sim.apiserver.selectors import FieldSelector, LabelSelector
+from dracpu.sim.apiserver.strategic import strategic_merge_patch
+from dracpu.sim.apiserver.update_rules import immutable_spec, validate_pod_update
 from dracpu.sim.apiserver.validation import (
     validate_name,
     validate_resource_slice,
@@ -34,6 +45,7 @@ from dracpu.sim.apiserver.validation import (
 )
 
 __all__ = [
+    "APPLY_PATCH",
     "JSON_PATCH",
     "MERGE_PATCH",
     "STRATEGIC_MERGE_PATCH",
@@ -180,6 +192,8 @@ class ObjectStore:
     _objects: dict[str, dict[Key, Obj]] = field(default_factory=dict)
     _history: deque[WatchEvent] = field(default_factory=deque)
     _watchers: list[Watcher] = field(default_factory=list)
+    # Server-side apply: object uid -> field manager -> its last applied configuration.
+    _applied: dict[str, dict[str, Obj]] = field(default_factory=dict)
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -409,7 +423,12 @@ class ObjectStore:
         _check_meta_types(obj["metadata"])
         return obj  # type: ignore[no-any-return]
 
-    def _validate(self, resource: ResourceType, obj: Obj, old: Obj | None) -> None:
+    def _validate(
+        self, resource: ResourceType, obj: Obj, old: Obj | None, *, spec_rules: bool = True
+    ) -> None:
+        """Everything the real registry's strategy would refuse, create or update.
+        ``spec_rules=False``: a /status write (the status strategies leave the spec alone)
+        or pods/binding (the real BindingREST sets spec.nodeName itself)."""
         name = obj["metadata"].get("name", "")
         problems: list[FieldError] = validate_name(name) if old is None else []
         if resource is RESOURCE_SLICES:
@@ -418,6 +437,18 @@ class ObjectStore:
                 if old is None
                 else validate_resource_slice_update(obj, old)
             )
+        elif resource is DEPLOYMENTS:
+            problems += (
+                validate_deployment(obj) if old is None else validate_deployment_update(obj, old)
+            )
+        elif old is not None and resource is PODS and spec_rules:
+            problems += validate_pod_update(obj, old)
+        elif (
+            old is not None
+            and spec_rules
+            and resource in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES)
+        ):
+            problems += immutable_spec(obj, old)
         if problems:
             raise errors.invalid(resource.kind, resource.group, name, problems)
 
@@ -497,7 +528,7 @@ class ObjectStore:
         if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
             raise errors.conflict(resource.plural, resource.group, name, errors.STALE_OBJECT)
         new = self._merge_for_update(resource, old, obj, subresource)
-        return self._commit_update(resource, old, new)
+        return self._commit_update(resource, old, new, spec_rules=subresource is None)
 
     def _merge_for_update(
         self, resource: ResourceType, old: Obj, obj: Obj, subresource: str | None
@@ -527,8 +558,10 @@ class ObjectStore:
             meta["generation"] = int(old_meta.get("generation", 0)) + 1
         return new
 
-    def _commit_update(self, resource: ResourceType, old: Obj, new: Obj) -> Obj:
-        self._validate(resource, new, old)
+    def _commit_update(
+        self, resource: ResourceType, old: Obj, new: Obj, *, spec_rules: bool = True
+    ) -> Obj:
+        self._validate(resource, new, old, spec_rules=spec_rules)
         if new == old:
             return _copy(old)  # type: ignore[no-any-return]  # a no-op write keeps the version
         meta = new["metadata"]
@@ -537,6 +570,7 @@ class ObjectStore:
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             # The last finalizer is gone: the pending delete completes now.
             del self._table(resource)[key]
+            self._applied.pop(meta.get("uid", ""), None)
             self._record("DELETED", resource, new, old)
             return _copy(new)  # type: ignore[no-any-return]
         self._table(resource)[key] = new
@@ -609,7 +643,7 @@ class ObjectStore:
             }
         )
         status["conditions"] = conditions
-        self._commit_update(PODS, old, new)
+        self._commit_update(PODS, old, new, spec_rules=False)
         return {
             "kind": "Status",
             "apiVersion": "v1",
@@ -627,13 +661,20 @@ class ObjectStore:
         patch: Any,
         *,
         subresource: str | None = None,
+        field_validation: str = "",
     ) -> Obj:
+        """A JSON, merge or strategic merge patch. ``field_validation="Strict"`` refuses a
+        result with unknown fields as the real jsonPatcher and smpPatcher do (apiserver
+        pkg/endpoints/handlers/patch.go): 422 with the patched document (JSON and merge
+        patches) or the patch (strategic, printed as Go's %+v) as the bad value."""
         old = self._existing(resource, namespace, name)
         base = _copy(old)
-        if patch_type in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
+        if patch_type == MERGE_PATCH:
             if not isinstance(patch, dict):
                 raise errors.bad_request("the body of the request was in an unknown format")
             patched = merge_patch(base, patch)
+        elif patch_type == STRATEGIC_MERGE_PATCH:
+            patched = strategic_merge_patch(base, patch)
         elif patch_type == JSON_PATCH:
             patched = json_patch(base, patch)
         else:
@@ -642,9 +683,58 @@ class ObjectStore:
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - "
                 f"accepted media types include: {JSON_PATCH}, {MERGE_PATCH}, "
-                f"{STRATEGIC_MERGE_PATCH}",
+                f"{STRATEGIC_MERGE_PATCH}, {APPLY_PATCH}",
             )
+        if field_validation == "Strict":
+            unknown = openapi.unknown_fields(resource, patched)
+            if unknown:
+                shown = (
+                    errors.go_format(patch)
+                    if patch_type == STRATEGIC_MERGE_PATCH
+                    else json.dumps(patched, separators=(",", ":"), ensure_ascii=False)
+                )
+                raise errors.invalid_patch(shown, openapi.strict_decoding_error(unknown))
         return self.update(resource, namespace, name, patched, subresource=subresource)
+
+    def apply(
+        self,
+        resource: ResourceType,
+        namespace: str | None,
+        name: str,
+        config: Obj,
+        *,
+        manager: str,
+        subresource: str | None = None,
+    ) -> tuple[Obj, int]:
+        """Server-side apply (``apply.py``): creates the object when missing (201), else
+        merges ``config`` into it (200)."""
+        config = applied_configuration(resource, config)
+        raw_meta = config.get("metadata")
+        meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
+        if meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta['name']}) does not match the name on the URL "
+                f"({name})"
+            )
+        table = self._table(resource)
+        old = table.get(self._key(resource, namespace, name))
+        if old is None:
+            if subresource is not None:
+                raise errors.not_found(resource.plural, resource.group, name)
+            created = self.create(
+                resource, namespace, {**config, "metadata": {**meta, "name": name}}
+            )
+            self._applied[created["metadata"]["uid"]] = {manager: _copy(config)}
+            return created, 201
+        uid = old["metadata"]["uid"]
+        previous = self._applied.get(uid, {}).get(manager)
+        merged = self._body(resource, merge_applied(_copy(old), config, previous))
+        self._check_namespace(resource, namespace, merged["metadata"])
+        new = self._merge_for_update(resource, old, merged, subresource)
+        result = self._commit_update(resource, old, new, spec_rules=subresource is None)
+        if self._key(resource, namespace, name) in table:  # not a finished deletion
+            self._applied.setdefault(uid, {})[manager] = _copy(config)
+        return result, 200
 
     def delete(
         self,
@@ -694,6 +784,7 @@ class ObjectStore:
         gone["metadata"]["resourceVersion"] = self._next_rv()
         key = self._key(resource, old["metadata"].get("namespace"), old["metadata"]["name"])
         del self._table(resource)[key]
+        self._applied.pop(old["metadata"].get("uid", ""), None)
         self._record("DELETED", resource, gone, old)
         return gone  # type: ignore[no-any-return]
 
