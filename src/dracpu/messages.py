@@ -43,7 +43,9 @@ class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
     ``cgroups_path`` is the runtime's ``linux.cgroups_path`` as NRI reports it (systemd
     ``slice:prefix:name`` or a cgroupfs path); ``mems`` is empty unless memory alignment
     is on (empty = leave ``cpuset.mems`` alone). ``ignore_failure`` is set on best-effort
-    updates of other containers, which may be exiting (protocols.md 6.6).
+    updates of other containers, which may be exiting (protocols.md 6.6). ``sandbox`` marks
+    a pod sandbox (``container_id`` is the sandbox id): NRI cannot update one, so only
+    dracpu's own cgroupfs writes keep it on the shared pool.
     """
 
     container_id: str
@@ -53,6 +55,7 @@ class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
     pod_uid: str = ""
     name: str = ""
     ignore_failure: bool = False
+    sandbox: bool = False
 
 
 class CpusetUpdateFailed(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,8 +100,9 @@ class SharedPoolChanged(msgspec.Struct, frozen=True, kw_only=True):
 class VerifyCpusets(msgspec.Struct, frozen=True, kw_only=True):
     """Read these containers' cgroups back and write those that differ.
 
-    ``cause`` is ``pool`` (a pushed pool update) or ``create`` (a claim holder's adjustment;
-    its cgroup may not exist yet when the message is sent). ``since`` is the Trio clock of
+    ``cause`` is ``pool`` (a pushed pool update, with every pod sandbox) or ``create`` (a
+    claim holder's adjustment, or a sandbox that just started or was synchronized; its
+    cgroup may not exist yet when the message is sent). ``since`` is the Trio clock of
     the pool change for ``pool`` (0 otherwise).
     """
 

@@ -25,7 +25,7 @@ __all__ = [
 RESULT_LABELS = ("success", "error", "unknown")
 # Why dracpu wrote a cpuset itself: the runtime said the update failed, the cgroup read back
 # after an update the runtime called a success differed, or the drift watcher found it.
-FALLBACK_CAUSES = ("runtime-reported", "verify-mismatch", "drift")
+FALLBACK_CAUSES = ("runtime-reported", "verify-mismatch", "drift", "sandbox")
 CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CPU_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -94,7 +94,8 @@ DRACPU_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
     MetricDefinition(
         "dracpu_cgroup_fallback_writes_total",
         "counter",
-        "cpuset writes dracpu made itself because the runtime could not apply an update.",
+        "cpuset writes dracpu made itself because the runtime could not apply an update "
+        "(or, for pod sandboxes, cannot update them at all).",
         ("result", "cause"),
     ),
     MetricDefinition(

@@ -166,6 +166,9 @@ class FakePlugin:
         cpus = self.state.shared_pool.format()
         return [ContainerIntent(container_id="s1", cgroups_path="", cpus=cpus)]
 
+    def sandbox_intents(self) -> list[ContainerIntent]:
+        return []
+
 
 async def test_pool_pusher_pushes_the_newest_pool_once_for_queued_changes() -> None:
     state = NodeState(AllocationStore(ALL, CPUSet()))

@@ -100,10 +100,22 @@ class StoreSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 class AllocationStore:
     """Claims and their exclusive CPUs. ``available`` is fixed at construction."""
 
-    def __init__(self, available: CPUSet, reserved: CPUSet, isolated: CPUSet | None = None) -> None:
+    def __init__(
+        self,
+        available: CPUSet,
+        reserved: CPUSet,
+        isolated: CPUSet | None = None,
+        *,
+        floor: CPUSet | None = None,
+    ) -> None:
         # The caller passes topology CPUs minus reserved; subtracting again keeps the
         # "reserved is never handed out" promise even when a caller forgets.
-        self._available = available - reserved
+        # ``floor``: CPUs that stay in the shared pool whatever is claimed (the daemon
+        # passes the reserved CPUs of this machine, or the core it keeps when there are
+        # none), so containers without a claim always have somewhere to run, as the
+        # kubelet's CPU Manager keeps its reserved CPUs in its shared pool.
+        self._floor = floor or CPUSet()
+        self._available = available - reserved - self._floor
         self._reserved = reserved
         # Isolated CPUs (isolcpus=) can be claimed, but the kernel does not balance load
         # onto them: no shared container ever runs there.
@@ -142,16 +154,21 @@ class AllocationStore:
     def offline(self) -> CPUSet:
         return self._offline
 
+    @property
+    def floor(self) -> CPUSet:
+        """CPUs that are always shared and never claimed (see the constructor)."""
+        return self._floor
+
     def set_offline(self, cpus: CPUSet) -> bool:
-        """The allocatable CPUs that are offline now; True when that changed."""
-        cpus &= self._available
+        """The allocatable and floor CPUs that are offline now; True when that changed."""
+        cpus &= self._available | self._floor
         changed = cpus != self._offline
         self._offline = cpus
         return changed
 
     @property
     def shared_pool(self) -> CPUSet:
-        return self._available - (self._prepared | self._isolated | self._offline)
+        return (self._available | self._floor) - (self._prepared | self._isolated | self._offline)
 
     @property
     def free(self) -> CPUSet:
@@ -213,12 +230,30 @@ class AllocationStore:
                 f"{go_quote(record.cpus.format())}"
             )
         if pending:
+            self._keep_pool_for(record)
             self._pending[uid] = record
             self._pending_cpus |= record.cpus
         else:
             self._claims[uid] = record
             self._prepared |= record.cpus
         return True
+
+    def _keep_pool_for(self, record: ClaimRecord) -> None:
+        """Refuse a new claim that would leave no online CPU to containers without one.
+
+        Pending claims count as taken: two prepares in flight must not empty it together.
+        Claims learnt from the checkpoint or the runtime are not refused (they already run).
+        """
+        shared = self.shared_pool - self._pending_cpus
+        if shared - record.cpus:
+            return
+        where = f"{record.namespace}/{record.name}" if record.name else record.uid
+        raise StoreError(
+            f"prepare of claim {where} would empty the shared pool: it takes "
+            f"{len(record.cpus & shared)} of the {len(shared)} shared CPUs and containers "
+            "without a claim need at least one (reservedCPUs, or the core dracpu keeps when "
+            "reservedCPUs holds no CPU of this node, stays shared)"
+        )
 
     def commit(self, claim_uid: str) -> ClaimRecord | None:
         """A pending claim becomes prepared; returns it (None when it was not pending)."""
@@ -332,6 +367,19 @@ class ContainerRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def is_shared(self) -> bool:
         return not self.claim_uids
+
+
+class SandboxRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod sandbox (the pause container) the runtime reported, with its cgroup.
+
+    NRI cannot update a sandbox, and runc starts its cgroup on every CPU of the parent
+    (cgroup v1 copies the parent's cpuset; v2 inherits the parent's effective set), so
+    dracpu keeps each sandbox on the shared pool by writing its cgroup itself.
+    """
+
+    pod_uid: str
+    sandbox_id: str
+    cgroups_path: str
 
 
 class ContainerState:

@@ -173,13 +173,24 @@ class BlockingCgroupWriter:
             write_cgroup_file(w.path, w.value)
             cache.values[w.path] = CPUSet.parse(w.value)
 
-    def _write(self, intent: ContainerIntent, cache: _SetCache) -> WriteOutcome:
+    def _write(
+        self, intent: ContainerIntent, cache: _SetCache, *, only_if_differs: bool = False
+    ) -> WriteOutcome:
         cpus = _intent_set(intent, "cpus", intent.cpus)
         mems = _intent_set(intent, "mems", intent.mems) if intent.mems else None
         directory = self.directory_of(intent.cgroups_path)
         if not os.path.isdir(directory):
             self.forget(intent.cgroups_path)
             raise CgroupWriteError(directory, errno_mod.ENOENT, "no such cgroup directory")
+        if only_if_differs and not self._differs(intent):
+            return WriteOutcome(
+                container_id=intent.container_id,
+                directory=directory,
+                cpus=str(cpus),
+                effective_cpus=str(cpus),
+                mems=str(mems) if mems is not None else "",
+                effective_mems=str(mems) if mems is not None else "",
+            )
         writes: list[CpusetWrite] = []
         if mems is not None:
             # Memory nodes first, so a task moved onto CPUs of another NUMA node already
@@ -200,33 +211,41 @@ class BlockingCgroupWriter:
             writes=tuple(writes),
         )
 
-    def write(self, intent: ContainerIntent) -> WriteOutcome:
+    def write(self, intent: ContainerIntent, *, only_if_differs: bool = False) -> WriteOutcome:
         """Write one container's cpuset (and mems) and read the effective set back.
 
-        Raises :class:`CgroupPathError`, :class:`CgroupWriteError` or
+        ``only_if_differs``: first read what the cgroup enforces and write nothing when
+        it already holds the intent (another writer got there first: an outcome with no
+        writes). Raises :class:`CgroupPathError`, :class:`CgroupWriteError` or
         :class:`CgroupIntentError`; a read-back mismatch is reported in the outcome.
         """
         with self._lock:
-            return self._write(intent, _SetCache())
+            return self._write(intent, _SetCache(), only_if_differs=only_if_differs)
 
     def write_many(
-        self, intents: Iterable[ContainerIntent]
+        self, intents: Iterable[ContainerIntent], *, only_if_differs: bool = False
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        """Write several containers, reading each shared ancestor once."""
+        """Write several containers, reading each shared ancestor once (``only_if_differs``
+        as for :meth:`write`)."""
         with self._lock:
-            return self._write_all(intents)
+            return self._write_all(intents, only_if_differs=only_if_differs)
 
     def write_differing(
         self,
         intents: Iterable[ContainerIntent],
         still_wanted: Callable[[list[ContainerIntent]], list[ContainerIntent]],
+        *,
+        chunk: int = 32,
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        """The verifier's pass: read each container's effective set back, ask
-        ``still_wanted`` which of those that differ are still intended (the state owner,
-        asked at that moment, after the read-back: a newer set the runtime applied
-        meanwhile is read back as "differs" and must not be overwritten with the older
-        one), and write those; all under one hold of the lock. Containers whose cgroup
-        is gone are skipped; a cgroup that cannot be read is listed with its error."""
+        """One pass of reads and writes: read each container's effective set back and,
+        every ``chunk`` containers that differ (and at the end), ask ``still_wanted``
+        which of them are still intended (the state owner, asked at that moment, after
+        the read-back: a newer set the runtime applied meanwhile is read back as
+        "differs" and must not be overwritten with the older one), and write those. All
+        under one hold of the lock, so no other writer of this process writes a cgroup
+        twice for one change, and a writer that waited for the pass reads what it wrote.
+        Containers whose cgroup is gone are skipped; a cgroup that cannot be read is
+        listed with its error."""
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
         differing: list[ContainerIntent] = []
         with self._lock:
@@ -236,12 +255,15 @@ class BlockingCgroupWriter:
                         differing.append(intent)
                 except (CgroupWriteError, CgroupIntentError) as exc:
                     results.append((intent, exc))
+                if len(differing) >= chunk:
+                    results += self._write_all(still_wanted(differing))
+                    differing = []
             if differing:
                 results += self._write_all(still_wanted(differing))
         return results
 
     def _write_all(
-        self, intents: Iterable[ContainerIntent]
+        self, intents: Iterable[ContainerIntent], *, only_if_differs: bool = False
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
         # Under the lock, held for the batch: the cached ancestor sets stay true only
         # while no other write can change them.
@@ -249,7 +271,9 @@ class BlockingCgroupWriter:
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
         for intent in intents:
             try:
-                results.append((intent, self._write(intent, cache)))
+                results.append(
+                    (intent, self._write(intent, cache, only_if_differs=only_if_differs))
+                )
             except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
                 # A failed write may have left the cache describing a write that did not
                 # happen; drop it rather than plan the next one on a guess.

@@ -4,11 +4,19 @@ A runtime can call an update a success that it never applied: containerd leaves 
 marked ``ignore_failure`` out of the failed list it returns (docs/how-it-works.md, "Verify,
 don't trust"), and a runtime can apply an update while the cgroup ends up elsewhere. The
 verifier reads ``VerifyCpusets`` messages and, in one pass in a worker thread, reads each
-container's effective cpuset from cgroupfs, asks the state owner which of those that differ
-are still intended (after the read-back, so a newer set the runtime applied meanwhile is
-never overwritten with an older one), and writes those through the cgroupfs writer
-(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). For a pool change it
-observes ``dracpu_pool_convergence_seconds`` once every container is verified.
+container's effective cpuset from cgroupfs and writes as it goes: every few dozen
+containers that differ, it asks the state owner which are still intended (after the
+read-back, so a newer set the runtime applied meanwhile is never overwritten with an
+older one) and writes those through the cgroupfs writer
+(``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). A runtime that dropped
+the whole update has its first cgroups written after a few dozen reads, not after all of
+them. For a pool change it observes ``dracpu_pool_convergence_seconds`` once every
+container is verified, whatever the runtime answered.
+
+Pod sandboxes go through the same pass: NRI cannot update a sandbox, so the pool pusher
+hands every sandbox to the verifier with each pool change, and the NRI session hands it
+each sandbox that starts; they are counted under ``cause="sandbox"`` and logged at debug
+level, never as drift.
 
 A claim holder's adjustment is verified too, once its container exists: the runtime
 creates the cgroup after dracpu answered CreateContainer, so such checks wait (bounded)
@@ -33,6 +41,7 @@ __all__ = ["Verifier"]
 log = logging.getLogger(__name__)
 
 CAUSE = "verify-mismatch"
+SANDBOX_CAUSE = "sandbox"
 
 
 class Verifier:
@@ -126,16 +135,27 @@ class Verifier:
             else:
                 error = "" if outcome.ok else outcome.describe_mismatch()
             if self.metrics is not None:
-                self.metrics.count_fallback_write("error" if error else "success", CAUSE)
+                self.metrics.count_fallback_write(
+                    "error" if error else "success", SANDBOX_CAUSE if intent.sandbox else CAUSE
+                )
             if error:
                 log.warning(
-                    "cpuset of container %s differs after the runtime's update and cannot be "
-                    "written: %s",
+                    "cpuset of %s %s is not what dracpu intends and cannot be written: %s",
+                    "pod sandbox" if intent.sandbox else "container",
                     intent.container_id,
                     error,
                 )
                 continue
             written.append(intent.container_id)
+            if intent.sandbox:
+                # One per pod and pool change: routine, not news.
+                log.debug(
+                    "pod sandbox kept on the shared pool sandbox_id=%s pod_uid=%s cpus=%s",
+                    intent.container_id,
+                    intent.pod_uid,
+                    intent.cpus,
+                )
+                continue
             log.info(
                 "fallback cpuset write container_id=%s cpus=%s reason=%s",
                 intent.container_id,

@@ -70,11 +70,14 @@ class WatcherState(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True)
 class _Wording:
-    """How the writes of one kind are reported: the container, a failure, a success."""
+    """How the writes of one kind are reported: the container, a failure, a success, and
+    the ``cause`` of ``dracpu_cgroup_fallback_writes_total`` (drift repairs are also
+    counted in ``dracpu_cgroup_drift_repairs_total``; a pod sandbox is never drift)."""
 
     where: Callable[[ContainerIntent], str]
     failed: str
     done: Callable[[ContainerIntent], str]
+    cause: str = "drift"
 
 
 _REPAIR = _Wording(
@@ -86,6 +89,12 @@ _CONFINE = _Wording(
     where=lambda i: f"unknown container {i.cgroups_path}",
     failed="",
     done=lambda i: f"confined unknown container cgroup={i.cgroups_path} cpus={i.cpus}",
+)
+_SANDBOX = _Wording(
+    where=lambda i: f"pod sandbox {i.container_id}",
+    failed="",
+    done=lambda i: f"pod sandbox kept on the shared pool sandbox_id={i.container_id} cpus={i.cpus}",
+    cause="sandbox",
 )
 
 
@@ -188,11 +197,14 @@ class DriftWatcher:
         self._written_dirs = set()
         before = self._ask_view(from_thread)
         known = self._read_known(before.intents.values(), errors)
-        drifted = find_drift(known.readable, known.effective)
+        off_intent = find_drift(known.readable, known.effective)
+        drifted = [i for i in off_intent if not i.sandbox]
+        sandboxes = [i for i in off_intent if i.sandbox]
         unknown = self._find_unknown(known.dirs, errors, before.pool, before.spared)
         # Ask again: only what is still true gets written (see the module docstring).
         now = self._ask_view(from_thread)
         repaired = self._write_all(still_drifted(drifted, now), errors, _REPAIR)
+        self._write_all(still_drifted(sandboxes, now), errors, _SANDBOX)
         confined = self._write_all(still_unknown(unknown, before, now), errors, _CONFINE)
         if drifted:
             log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(known.readable))
@@ -251,28 +263,34 @@ class DriftWatcher:
     def _write_all(
         self, intents: Sequence[ContainerIntent], errors: list[str], words: _Wording
     ) -> int:
-        """Write each intent; count and log successes, collect and log failures. Both
-        drift repairs and the confinement of unknown containers count as repairs."""
+        """Write each intent that still differs when the writer's lock is held (a pass of
+        the verifier in flight wrote it meanwhile: nothing to do); count and log
+        successes, collect and log failures. Both drift repairs and the confinement of
+        unknown containers count as repairs; pod sandboxes only under their own cause."""
         written = 0
-        for intent, result in self.writer.write_many(intents):
+        for intent, result in self.writer.write_many(intents, only_if_differs=True):
             self._note_written(result)
             if isinstance(result, Exception):
                 message = f"{words.where(intent)}: {words.failed}{result}"
             elif not result.ok:
                 message = f"{words.where(intent)}: {result.describe_mismatch()}"
+            elif not result.writes:
+                continue
             else:
                 written += 1
                 log.info("%s", words.done(intent))
-                if self.metrics is not None:
-                    self.metrics.count_drift_repair("success")
-                    self.metrics.count_fallback_write("success", "drift")
+                self._count(words, "success")
                 continue
             errors.append(message)
             log.warning("%s", message)
-            if self.metrics is not None:
-                self.metrics.count_drift_repair("error")
-                self.metrics.count_fallback_write("error", "drift")
+            self._count(words, "error")
         return written
+
+    def _count(self, words: _Wording, result: str) -> None:
+        if self.metrics is not None:
+            if words.cause == "drift":
+                self.metrics.count_drift_repair(result)
+            self.metrics.count_fallback_write(result, words.cause)
 
     def _find_unknown(
         self, known_dirs: set[str], errors: list[str], pool_text: str, spared: frozenset[str]

@@ -13,6 +13,7 @@ re-exported here.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import msgspec
 import trio
@@ -59,10 +60,14 @@ class CgroupWriter(BlockingCgroupWriter):
     """Writes containers' cpusets straight into cgroupfs: the blocking core, plus its use
     from Trio (``write_async``) and the loop that applies what the runtime could not."""
 
-    async def write_async(self, intent: ContainerIntent) -> WriteOutcome:
+    async def write_async(
+        self, intent: ContainerIntent, *, only_if_differs: bool = False
+    ) -> WriteOutcome:
         """:meth:`write` in a worker thread; the write and its read-back are not torn."""
         with trio.CancelScope(shield=True):
-            outcome = await trio.to_thread.run_sync(self.write, intent)
+            outcome = await trio.to_thread.run_sync(
+                partial(self.write, intent, only_if_differs=only_if_differs)
+            )
         return outcome
 
     async def run_fallback(
@@ -82,11 +87,20 @@ class CgroupWriter(BlockingCgroupWriter):
     async def apply_fallback(self, message: CpusetUpdateFailed) -> FallbackResult:
         intent = message.intent
         try:
-            outcome = await self.write_async(intent)
+            # The pool change's verifier pass may have written it already: once is enough.
+            outcome = await self.write_async(intent, only_if_differs=True)
         except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
             error = str(exc)
         else:
             error = "" if outcome.ok else outcome.describe_mismatch()
+            if not error and not outcome.writes:
+                log.debug(
+                    "fallback cpuset write not needed container_id=%s cpus=%s: the cgroup "
+                    "holds it already",
+                    intent.container_id,
+                    intent.cpus,
+                )
+                return FallbackResult(container_id=intent.container_id, cpus=intent.cpus, ok=True)
         ok = not error
         if self.metrics is not None:
             self.metrics.count_fallback_write("success" if ok else "error", "runtime-reported")

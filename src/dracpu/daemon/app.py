@@ -24,6 +24,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
+from dracpu.allocation.floor import SharedFloor, shared_floor, unpublished_cpus
 from dracpu.allocation.store import AllocationStore
 from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.watcher import DriftWatcher
@@ -108,6 +109,7 @@ class Daemon:
         self.plugin: NRIPlugin | None = None
         self.writer: CgroupWriter | None = None
         self.watcher: DriftWatcher | None = None
+        self.floor = SharedFloor(cpus=CPUSet(), kept=False)
         self.slices: SliceReconciler | None = None
         self.node_uid = ""
         self.hotplug_interval = hotplug_interval
@@ -165,6 +167,7 @@ class Daemon:
             }
         if self.state is not None:
             doc.update(self.state.describe())
+            doc["keptShared"] = self.floor.cpus.format() if self.floor.kept else None
         if self.checkpoint is not None:
             doc["checkpoint"] = {
                 "writes": self.checkpoint.writes,
@@ -200,9 +203,9 @@ class Daemon:
     # -- start-up -----------------------------------------------------------------------
 
     def _unpublished(self, topo: Topology, reserved: CPUSet) -> CPUSet:
-        """CPUs that are neither devices nor allocatable: reserved ones, and isolated ones
-        when ``publishIsolatedCPUs`` is off."""
-        return reserved if self.config.publishIsolatedCPUs else reserved | topo.isolated
+        return unpublished_cpus(
+            topo, reserved, self.floor, publish_isolated=self.config.publishIsolatedCPUs
+        )
 
     def _device_settings(self, topo: Topology, reserved: CPUSet) -> DeviceSettings:
         cfg = self.config
@@ -246,11 +249,17 @@ class Daemon:
                 overlay=cfg.sysfsOverlay or None,
                 expose_pcie_roots=cfg.exposePCIeRoots,
             )
-            inventory = build_inventory(topo, self._device_settings(topo, reserved))
         except Exception as exc:
             raise DaemonError(f"driver failed to initialize: {exc}") from exc
         if not topo.cpus:
             raise DaemonError("driver failed to initialize: no CPU topology discovered")
+        # Fixed for the life of the process, as the allocatable set is: hotplug takes floor
+        # CPUs offline (the pool shrinks) but never moves the floor onto claimable CPUs.
+        self.floor = shared_floor(topo, reserved)
+        try:
+            inventory = build_inventory(topo, self._device_settings(topo, reserved))
+        except Exception as exc:
+            raise DaemonError(f"driver failed to initialize: {exc}") from exc
         self.topology = topo
         self.inventory = inventory
         # Present CPUs that are offline stay allocatable (a restored claim keeps them; they
@@ -258,7 +267,9 @@ class Daemon:
         allocatable = (topo.all_cpus | (topo.present - topo.online)) - self._unpublished(
             topo, reserved
         )
-        store = AllocationStore(allocatable, reserved, isolated=topo.isolated)
+        store = AllocationStore(
+            allocatable, reserved, isolated=topo.isolated, floor=self.floor.cpus
+        )
 
         def mems_of(cpus: CPUSet) -> str:
             return CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
@@ -280,6 +291,7 @@ class Daemon:
             devices=len(inventory.devices),
             reserved=reserved.format(),
         )
+        log.info(self.floor.describe())
 
     def _restore(self) -> None:
         assert self.checkpoint is not None and self.state is not None
@@ -334,7 +346,6 @@ class Daemon:
             self.state.pool_changes(),
             self.plugin,
             self.session,
-            self.watcher,
             verify=self._verify_send,
         )
         services = [

@@ -38,9 +38,15 @@ def _mask(*events: int) -> int:
 
 
 EVENT_MASK: Final = _mask(
-    api_pb2.CREATE_CONTAINER, api_pb2.STOP_CONTAINER, api_pb2.REMOVE_CONTAINER
+    api_pb2.RUN_POD_SANDBOX,
+    api_pb2.STOP_POD_SANDBOX,
+    api_pb2.REMOVE_POD_SANDBOX,
+    api_pb2.CREATE_CONTAINER,
+    api_pb2.STOP_CONTAINER,
+    api_pb2.REMOVE_CONTAINER,
 )
-"""The events dracpu handles (0x0608). Synchronize needs no bit; never 0 (= all, 6.5)."""
+"""The events dracpu handles (0x060f): the pod sandboxes' (their cgroups are kept on the
+shared pool) and the containers'. Synchronize needs no bit; never 0 (= all, 6.5)."""
 
 _MORE: Final = api_pb2.SynchronizeResponse(more=True).SerializeToString()
 
@@ -92,8 +98,10 @@ class PluginHandlers:
         self.runtime_name = ""
         self.runtime_version = ""
         self.applied: list[ContainerIntent] = []
-        """What the last CreateContainer reply asked the runtime to apply (the new claim
-        holder's cpuset and other containers' updates), for the session to verify."""
+        """What the last request asks to verify: a CreateContainer reply's cpusets (the new
+        claim holder's and other containers' updates), or pod sandboxes a RunPodSandbox or
+        Synchronize reported, whose cgroups only dracpu writes. The session hands them to
+        the verifier once the reply is sent."""
         self._pods: list[api_pb2.PodSandbox] = []
         self._containers: list[api_pb2.Container] = []
         self._replies: dict[tuple[str, str], bytes] = {}
@@ -102,6 +110,9 @@ class PluginHandlers:
             "CreateContainer": self._create_container,
             "StopContainer": self._stop_container,
             "RemoveContainer": self._remove_container,
+            "RunPodSandbox": self._run_pod_sandbox,
+            "StopPodSandbox": self._stop_pod_sandbox,
+            "RemovePodSandbox": self._remove_pod_sandbox,
             "StateChange": self._state_change,
             "Shutdown": self._shutdown,
         }
@@ -138,6 +149,7 @@ class PluginHandlers:
         )
         response = api_pb2.SynchronizeResponse()
         fill_updates(response.update, updates)
+        self.applied = self.plugin.sandbox_intents()
         return _serialize(response)
 
     # -- the other requests -----------------------------------------------------------------
@@ -192,11 +204,33 @@ class PluginHandlers:
         self.plugin.remove_container(request.pod, request.container)
         return b""
 
+    def _sandbox_started(self, pod: api_pb2.PodSandbox) -> bytes:
+        intent = self.plugin.run_pod_sandbox(pod)
+        self.applied = [intent] if intent is not None else []
+        return b""  # RunPodSandboxResponse and Empty both encode as no bytes
+
+    def _run_pod_sandbox(self, payload: bytes) -> bytes:
+        return self._sandbox_started(api_pb2.RunPodSandboxRequest.FromString(payload).pod)
+
+    def _stop_pod_sandbox(self, payload: bytes) -> bytes:
+        self.plugin.forget_pod_sandbox(api_pb2.StopPodSandboxRequest.FromString(payload).pod)
+        return b""
+
+    def _remove_pod_sandbox(self, payload: bytes) -> bytes:
+        self.plugin.forget_pod_sandbox(api_pb2.RemovePodSandboxRequest.FromString(payload).pod)
+        return b""
+
     def _state_change(self, payload: bytes) -> bytes:
-        # NRI < v0.12 runtimes deliver RemoveContainer only through StateChange.
+        # Older NRI runtimes deliver RemoveContainer and the pod sandbox events only
+        # through StateChange; newer ones call RunPodSandbox, StopPodSandbox and
+        # RemovePodSandbox (containerd/nri pkg/adaptation/plugin.go).
         event = api_pb2.StateChangeEvent.FromString(payload)
         if event.event == api_pb2.REMOVE_CONTAINER:
             self.plugin.remove_container(event.pod, event.container)
+        elif event.event == api_pb2.RUN_POD_SANDBOX:
+            return self._sandbox_started(event.pod)
+        elif event.event in (api_pb2.STOP_POD_SANDBOX, api_pb2.REMOVE_POD_SANDBOX):
+            self.plugin.forget_pod_sandbox(event.pod)
         return b""
 
     def _shutdown(self, payload: bytes) -> bytes:

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
-from dracpu.allocation.store import ContainerRecord, OwnerError, StoreError
+from dracpu.allocation.store import ContainerRecord, OwnerError, SandboxRecord, StoreError
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.nri.sync import SyncPass, cgroups_path_of
@@ -134,16 +134,25 @@ class NRIPlugin:
         """
         return self._shared_updates()
 
-    def intents(self) -> list[ContainerIntent]:
-        """What every known container should run on, with its cgroups path.
+    def sandbox_intents(self) -> list[ContainerIntent]:
+        """Every pod sandbox on the shared pool (none while the pool is empty). Only
+        dracpu writes these: NRI has no update for a sandbox."""
+        pool = self._state.shared_pool
+        if not pool:
+            return []
+        cpus = pool.format()
+        return [_sandbox_intent(s, cpus) for s in self._state.sandboxes.values()]
 
-        A shared container follows the shared pool (none is listed while the pool is
-        empty); a claim holder runs on its claims' CPUs (a holder whose claims are all gone
-        from the store follows the shared pool).
+    def intents(self) -> list[ContainerIntent]:
+        """What every known container and pod sandbox should run on, with its cgroups path.
+
+        A shared container and a sandbox follow the shared pool (none is listed while the
+        pool is empty); a claim holder runs on its claims' CPUs (a holder whose claims are
+        all gone from the store follows the shared pool).
         """
         state = self._state
         pool = state.shared_pool
-        out: list[ContainerIntent] = []
+        out: list[ContainerIntent] = self.sandbox_intents()
         for record in state.containers:
             cpus = state.holder_cpus(record.claim_uids) if record.claim_uids else CPUSet()
             mems = state.mems(cpus)
@@ -257,6 +266,21 @@ class NRIPlugin:
             )
         return removed
 
+    def run_pod_sandbox(self, pod: api_pb2.PodSandbox) -> ContainerIntent | None:
+        """A pod sandbox started: remember it; returns what its cgroup should hold (None
+        when the runtime gave no cgroups path, or the pool is empty)."""
+        record = _sandbox_record(pod)
+        if record is None:
+            log.debug("pod sandbox without a cgroups path left alone", extra={"pod_uid": pod.uid})
+            return None
+        self._state.put_sandbox(record)
+        pool = self._state.shared_pool
+        return _sandbox_intent(record, pool.format()) if pool else None
+
+    def forget_pod_sandbox(self, pod: api_pb2.PodSandbox) -> None:
+        """StopPodSandbox or RemovePodSandbox: the sandbox no longer needs its cpuset."""
+        self._state.drop_sandbox(pod.id)
+
     def synchronize(
         self,
         pods: Sequence[api_pb2.PodSandbox],
@@ -273,7 +297,8 @@ class NRIPlugin:
             pod = pods_by_id.get(container.pod_sandbox_id)
             if pod is not None:
                 sync.add(pod, container)
-        self._state.synchronized(sync.adopted, sync.owners, sync.records)
+        sandboxes = [r for r in map(_sandbox_record, pods) if r is not None]
+        self._state.synchronized(sync.adopted, sync.owners, sync.records, sandboxes)
         holders = []
         for record, _ in sync.holders:
             cpus = self._state.holder_cpus(record.claim_uids)
@@ -290,6 +315,26 @@ class NRIPlugin:
         # Holders that follow the pool are in the holders' list already.
         holder_ids = {record.container_id for record, _ in sync.holders}
         return holders + [u for u in self._shared_updates() if u.container_id not in holder_ids]
+
+
+def _sandbox_record(pod: api_pb2.PodSandbox) -> SandboxRecord | None:
+    # containerd reports the sandbox's own cgroup in linux.cgroups_path (the pause
+    # container's spec: internal/cri/server/podsandbox, getCgroupsPath), systemd
+    # "slice:cri-containerd:<id>" or cgroupfs "<parent>/<id>".
+    path = pod.linux.cgroups_path if pod.HasField("linux") else ""
+    if not path:
+        return None
+    return SandboxRecord(pod_uid=pod.uid, sandbox_id=pod.id, cgroups_path=path)
+
+
+def _sandbox_intent(record: SandboxRecord, cpus: str) -> ContainerIntent:
+    return ContainerIntent(
+        container_id=record.sandbox_id,
+        cgroups_path=record.cgroups_path,
+        cpus=cpus,
+        pod_uid=record.pod_uid,
+        sandbox=True,
+    )
 
 
 def _update(record: ContainerRecord, cpus: str, mems: str = "") -> ContainerIntent:

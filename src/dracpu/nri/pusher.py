@@ -1,17 +1,20 @@
-"""The pool pusher: shared containers follow the shared pool after it changes.
+"""The pool pusher: shared containers and pod sandboxes follow the shared pool after it changes.
 
 It reads ``SharedPoolChanged`` from the state owner. Changes that queued up while it was
-busy are one push: only the newest pool matters. It sends the updates with
+busy are one push: only the newest pool matters. It sends the containers' updates with
 ``NRISession.update_containers`` from this task of its own (never from inside a runtime
-request, protocols.md 6.6), hands the updates the runtime called a success to the
-verifier (``VerifyCpusets``), then wakes the drift watcher.
+request, protocols.md 6.6), then hands the verifier (``VerifyCpusets``) one pass over
+every update, whatever the runtime answered (a runtime may call a dropped update a
+success; those it reported as failed also went to the fallback writer, which writes only
+what still differs), and over every pod sandbox, which NRI cannot update at all. That pass
+is the change's only pass over the cgroups: the drift watcher is not woken for it (it
+would read the cgroups while the pass writes them and write them a second time).
 """
 
 from __future__ import annotations
 
 import trio
 
-from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.logs import get_logger
 from dracpu.messages import SharedPoolChanged, VerifyCpusets
 from dracpu.nri.plugin import NRIPlugin
@@ -30,14 +33,12 @@ class PoolPusher:
         changes: trio.MemoryReceiveChannel[SharedPoolChanged],
         plugin: NRIPlugin,
         session: NRISession,
-        watcher: DriftWatcher | None = None,
         verify: trio.MemorySendChannel[VerifyCpusets] | None = None,
     ) -> None:
         self._changes = changes
         self._verify = verify
         self._plugin = plugin
         self._session = session
-        self._watcher = watcher
         self.pushes = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -55,16 +56,9 @@ class PoolPusher:
         # The updates carry the pool as it is now: a change that arrives while this push
         # is on its way is the next push.
         updates = self._plugin.shared_pool_updates()
+        failed: list[str] = []
         if updates:
             failed = await self._session.update_containers(updates)
-            # Updates the runtime called a success are read back (a runtime may not report
-            # a failed best-effort update); the failed ones went to the fallback writer.
-            failed_ids = set(failed)
-            applied = tuple(u for u in updates if u.container_id not in failed_ids)
-            if applied and self._verify is not None:
-                await self._verify.send(
-                    VerifyCpusets(intents=applied, cause="pool", since=change.at)
-                )
             log.info(
                 "shared pool pushed to containers",
                 pool=change.cpus,
@@ -72,6 +66,7 @@ class PoolPusher:
                 failed=len(failed),
                 v=2,
             )
+        check = (*updates, *self._plugin.sandbox_intents())
+        if check and self._verify is not None:
+            await self._verify.send(VerifyCpusets(intents=check, cause="pool", since=change.at))
         self.pushes += 1
-        if self._watcher is not None:
-            self._watcher.poke()

@@ -29,6 +29,7 @@ from dracpu.allocation.store import (
     ClaimTracker,
     ContainerRecord,
     ContainerState,
+    SandboxRecord,
     StoreError,
 )
 from dracpu.cpuset import CPUSet
@@ -68,6 +69,9 @@ class NodeState:
         self.store = store
         self.tracker = ClaimTracker()
         self.containers = ContainerState()
+        # Pod sandboxes by sandbox id (RunPodSandbox, Synchronize's pods): kept on the
+        # shared pool by the cgroupfs writer.
+        self.sandboxes: dict[str, SandboxRecord] = {}
         self.metrics = metrics
         self.mems_of = mems_of
         # Until the runtime's first Synchronize the containers already running are unknown:
@@ -151,6 +155,7 @@ class NodeState:
         return {
             "reserved": store.reserved.format(),
             "isolated": store.isolated.format(),
+            "sharedFloor": store.floor.format(),
             "sharedPool": store.shared_pool.format(),
             "claims": [
                 {
@@ -249,14 +254,24 @@ class NodeState:
         """Forget a stopped or removed container; None for a stale or unknown event."""
         return self.containers.remove(pod_uid, name, container_id)
 
+    def put_sandbox(self, record: SandboxRecord) -> None:
+        """A pod sandbox runs (RunPodSandbox)."""
+        self.sandboxes[record.sandbox_id] = record
+
+    def drop_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        """A pod sandbox stopped or was removed; None when it was not known."""
+        return self.sandboxes.pop(sandbox_id, None)
+
     def synchronized(
         self,
         adopted: Mapping[str, CPUSet],
         owners: ClaimTracker,
         records: Sequence[ContainerRecord],
+        sandboxes: Sequence[SandboxRecord] = (),
     ) -> None:
         """Take the runtime's view from Synchronize: claims adopted from running containers
-        (checked by the caller against the free CPUs), every claim owner and container."""
+        (checked by the caller against the free CPUs), every claim owner, container and pod
+        sandbox."""
         for uid, cpus in adopted.items():
             self.store.reserve(ClaimRecord(uid=uid, cpus=cpus))
         self.tracker.release(list(self.tracker.owners()))
@@ -269,6 +284,7 @@ class NodeState:
             self.containers.remove(old.pod_uid, old.name, old.container_id)
         for record in records:
             self.containers.set(record)
+        self.sandboxes = {s.sandbox_id: s for s in sandboxes}
         self.has_synchronized = True
         if adopted:
             self.refresh_gauges()
