@@ -6,6 +6,11 @@ whose directives say what a merge patch cannot (k8s.io/apimachinery
 pkg/util/strategicpatch): ``$patch: replace | delete | merge`` on a map or a list item,
 ``$setElementOrder/<list>``, ``$deleteFromPrimitiveList/<list>`` and ``$retainKeys``.
 Lists that are not keyed are replaced whole, as the real server does for atomic lists.
+
+Malformed directives get the texts of k8s.io/apimachinery pkg/util/mergepatch/errors.go:
+400 for the formats the server maps to BadRequest (``interpretStrategicMergePatchError``
+in apiserver pkg/endpoints/handlers/patch.go), and 500 without a reason for an unknown
+``$patch`` value, which it passes on unwrapped.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dracpu.sim.apiserver.errors import ApiError, bad_request
+from dracpu.sim.apiserver.errors import ApiError, bad_request, go_format, internal
 from dracpu.sim.apiserver.list_keys import MERGE_KEYS, PRIMITIVE_SETS
 
 __all__ = ["strategic_merge_patch"]
@@ -40,9 +45,13 @@ def strategic_merge_patch(original: Any, patch: Any) -> Any:
     return {} if merged is _DELETED else merged
 
 
-def _bad_directive(value: Any, where: Any) -> ApiError:
-    # mergepatch.ErrBadPatchType's wording.
-    return bad_request(f"unknown patch type: {value} in map: {where}")
+def _bad_directive(value: Any, where: dict[str, Any]) -> ApiError:
+    return internal(f"unknown patch type: {go_format(value)} in map: {go_format(where)}")
+
+
+_BAD_RETAIN_KEYS = "invalid patch format of retainKeys"
+_BAD_ELEMENT_ORDER = "invalid patch format of setElementOrder list"
+_BAD_PRIMITIVE_LIST = "invalid patch format of primitive list"
 
 
 def _merge_map(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any] | _Deleted:
@@ -56,7 +65,7 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any
     retain = patch.get(_RETAIN_KEYS)
     if retain is not None:
         if not isinstance(retain, list):
-            raise bad_request(f"{_RETAIN_KEYS} must be a list of field names, got {retain!r}")
+            raise bad_request(_BAD_RETAIN_KEYS)
         for key in [k for k in original if k not in retain]:
             del original[key]
     orders: dict[str, Any] = {}
@@ -88,7 +97,7 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any
 
 def _delete_from(original: dict[str, Any], key: str, values: Any) -> None:
     if not isinstance(values, list):
-        raise bad_request(f"{_DELETE_FROM}{key} must be a list, got {values!r}")
+        raise bad_request(_BAD_PRIMITIVE_LIST)
     current = original.get(key)
     if isinstance(current, list):
         original[key] = [v for v in current if v not in values]
@@ -127,7 +136,7 @@ def _deletes(item: Any) -> bool:
 def _ordered(field: str, items: list[Any], order: Any) -> list[Any]:
     """``$setElementOrder``: the listed items in the listed order, the others after."""
     if not isinstance(order, list):
-        raise bad_request(f"{_SET_ORDER}{field} must be a list, got {order!r}")
+        raise bad_request(_BAD_ELEMENT_ORDER)
     key = MERGE_KEYS.get(field)
 
     def ident(item: Any) -> Any:

@@ -204,8 +204,11 @@ def _munged(new_spec: Obj, old_spec: Obj) -> Obj:
 
 
 def _with(obj: Obj, key: str, value: Any) -> Obj:
-    out = {k: v for k, v in obj.items() if k != key}
-    if value is not None:
+    """``obj`` with ``key`` set to ``value`` (in place of the old one), or without it."""
+    out = dict(obj)
+    if value is None:
+        out.pop(key, None)
+    else:
         out[key] = value
     return out
 
