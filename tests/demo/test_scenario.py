@@ -217,12 +217,13 @@ def test_default_scenario_individual_mode_uses_count() -> None:
 
 def test_default_scenario_shrinks_on_a_tiny_node() -> None:
     topo = discover_from_root(FIXTURES / "vm-1cpu")
-    sc = default_scenario(topo, mode="grouped", group_by="numanode", reserved=0)
+    # The node's one CPU is the shared pool's floor: the daemon publishes nothing.
+    sc = default_scenario(topo, mode="grouped", group_by="numanode", reserved=1)
     assert sc.claims == []
     assert [p["metadata"]["name"] for p in sc.pods] == ["plain"]
     assert sc.notes[0] == (
         "claim numa-pinned (1 CPUs) left out: 0 CPU(s) of this node's 1 are left for claims "
-        "(one always stays in the shared pool)"
+        "(the reserved CPUs, or one core, always stay in the shared pool)"
     )
     assert sc.notes[-1].startswith(
         "to see every claim kind, run the demo on a bigger machine shape: dracpu demo "

@@ -321,6 +321,9 @@ class Daemon:
         log.info("serving HTTP", bindAddress=cfg.bindAddress, port=self.http_port)
 
         await trio.to_thread.run_sync(self._build_node)
+        # The resource.k8s.io API module takes ~0.1 s to import and build: here, not on
+        # the path of the first NodePrepareResources (its claim GET) or the first slice.
+        await trio.to_thread.run_sync(lambda: self.kube.resource)
         await trio.to_thread.run_sync(self._restore)
         assert self.state is not None and self.checkpoint is not None
         # Prepares and unprepares wait for the checkpoint writer: it runs before them.

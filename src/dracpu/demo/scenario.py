@@ -279,8 +279,10 @@ WHOLE_SCENARIO_SHAPE = "tests/fake_sysfs/xeon-2s-ht"
 
 def default_scenario(topo: Topology, *, mode: str, group_by: str, reserved: int) -> Scenario:
     """A NUMA-pinned claim, a full-core claim, a plain grouped claim, a pod in the shared
-    pool and a pod that is deleted after it starts; sizes fit ``topo``. Every claim left
-    out gets a note saying why, and what to run to see it."""
+    pool and a pod that is deleted after it starts; sizes fit ``topo``. ``reserved`` counts
+    the CPUs the daemon does not publish (reservedCPUs, or the core it keeps shared when
+    that holds none of this node's CPUs: allocation/floor.py), so every published CPU may
+    be claimed. Every claim left out gets a note saying why, and what to run to see it."""
     scenario = Scenario()
     free = max(topo.num_cpus - reserved, 0)
     threads = max(topo.cpus_per_core, 1)
@@ -300,7 +302,7 @@ def default_scenario(topo: Topology, *, mode: str, group_by: str, reserved: int)
     wanted.append(("full-cores", 2 * threads))
     wanted.append(("grouped", 2))
     wanted.append(("short-lived", 1))
-    budget = max(free - 1, 0)  # keep at least one CPU for the shared pool
+    budget = free
     too_small = False
     for name, size in wanted:
         if machine:
@@ -315,7 +317,8 @@ def default_scenario(topo: Topology, *, mode: str, group_by: str, reserved: int)
         if size > budget:
             scenario.notes.append(
                 f"claim {name} ({size} CPUs) left out: {budget} CPU(s) of this node's "
-                f"{topo.num_cpus} are left for claims (one always stays in the shared pool)"
+                f"{topo.num_cpus} are left for claims (the reserved CPUs, or one core, always "
+                "stay in the shared pool)"
             )
             too_small = True
             continue
