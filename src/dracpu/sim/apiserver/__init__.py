@@ -1,8 +1,10 @@
 """A loopback Kubernetes API server for the simulated node (protocols.md §4).
 
-The pure core (``store``, ``selectors``, ``validation``, ``patch``, ``handler``, ``faults``,
-``discovery``) holds objects and decides answers; ``http`` is the Trio + h11 shell and
-``server`` ties them into ``SimAPIServer``.
+The pure core (``store``, ``selectors``, ``validation``, ``update_rules``, ``deployments``,
+``patch``, ``strategic``, ``apply``, ``handler``, ``faults``, ``discovery``, ``openapi``)
+holds objects and decides answers; every write (create, update, JSON / merge / strategic
+merge patch, server-side apply) passes the same checks. ``http`` is the Trio + h11 shell
+and ``server`` ties them into ``SimAPIServer``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ The shapes follow the real server:
 
 The schemas are made from the ``kubernetes`` client's models (its field names, types and
 descriptions come from the upstream OpenAPI), so they need no second copy of the API in
-this repository. ``strict_problems`` is what ``fieldValidation=Strict`` (kubectl's
-default) checks on a create or an update: every field of the object must be in its kind's
-schema, so a misspelt key is refused instead of dropped.
+this repository. ``unknown_fields`` is what ``fieldValidation=Strict`` (kubectl's
+default) checks on every write: the body of a create or an update (``check_strict``), the
+patched object of a patch (``store.patch``); server-side apply checks it always
+(``apply.py``). Every field of the object must be in its kind's schema, so a misspelt key
+is refused instead of dropped.
 """
 
 from __future__ import annotations
