@@ -294,7 +294,9 @@ def test_introspect_slices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         "cpudevnuma002",
         "cpudevnuma003",
     ]
-    assert doc["spec"]["devices"][0]["capacity"] == {"dra.cpu/cpu": {"value": "32"}}
+    # The daemon keeps the core of CPU 0 (CPUs 0 and 64) shared when reservedCPUs is empty.
+    assert doc["spec"]["devices"][0]["capacity"] == {"dra.cpu/cpu": {"value": "30"}}
+    assert doc["spec"]["devices"][1]["capacity"] == {"dra.cpu/cpu": {"value": "32"}}
     config = tmp_path / "c.yaml"
     config.write_text("cpuDeviceMode: individual\nreservedCPUs: '0'\n")
     code, out, err = run(

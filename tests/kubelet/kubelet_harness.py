@@ -118,7 +118,12 @@ def make_node(
     reserved_set = CPUSet.parse(reserved)
     settings = DeviceSettings(mode=mode, group_by=group_by, reserved=reserved_set)  # type: ignore[arg-type]
     inventory = build_inventory(topo, settings)
-    store = AllocationStore(topo.all_cpus - reserved_set, reserved_set)
+    # As the daemon: reserved CPUs of the node are the shared pool's floor. (Without a
+    # reservation the daemon would keep a core; the harness keeps every CPU publishable and
+    # relies on the store's refusal to empty the pool instead.)
+    store = AllocationStore(
+        topo.all_cpus - reserved_set, reserved_set, floor=reserved_set & topo.all_cpus
+    )
     registry = CollectorRegistry()
     metrics = DriverMetrics(registry)
     claims = MemoryClaimSource()
