@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.messages import ContainerIntent
@@ -16,8 +18,9 @@ def _intent(uid: str, cid: str, cpus: str) -> ContainerIntent:
     )
 
 
-def test_writer_and_watcher_on_the_simulator_tree(tmp_path: Path) -> None:
-    sim = CgroupTree(tmp_path)
+@pytest.mark.parametrize("version", [1, 2])
+def test_writer_and_watcher_on_the_simulator_tree(tmp_path: Path, version: int) -> None:
+    sim = CgroupTree(tmp_path, version=version)
     sim.ensure_root("0-7", "0")
     for cid in ("a", "b", "stray"):
         sim.ensure(f"/kubepods/podu1/{cid}")
@@ -35,6 +38,9 @@ def test_writer_and_watcher_on_the_simulator_tree(tmp_path: Path) -> None:
     assert (report.drifted, report.repaired, report.unknown_confined) == (1, 1, 1)
     assert sim.read("/kubepods/podu1/b") == "2-3"
     assert sim.read("/kubepods/podu1/stray") == "0-5"
-    # The simulator keeps enforcing v1 rules on what dracpu left: a sibling write still fits.
+    # The simulator keeps enforcing its rules on what dracpu left: a sibling write still fits.
     sim.write("/kubepods/podu1/b", cpus="4")
     assert sim.read("/kubepods/podu1/b") == "4"
+    # What the kernel would enforce is what dracpu reads back.
+    for cid, cpus in (("a", "6-7"), ("b", "4"), ("stray", "0-5")):
+        assert sim.effective_cpus(f"/kubepods/podu1/{cid}").format() == cpus

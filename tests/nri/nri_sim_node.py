@@ -73,7 +73,10 @@ async def sim_node(
     mems_of: Callable[[CPUSet], str] | None = None,
 ) -> AsyncIterator[SimNode]:
     socket_path = os.path.join(sock_dir, "nri.sock")
-    sim = RuntimeSimulator(socket_path, str(cgroup_root), node_cpus=node_cpus, **(sim_kw or {}))
+    # Pods without a QoS class of their own get the guaranteed layout
+    # (/kubepods/pod<uid>/<id>), which the tests here name; sim_kw may choose another.
+    sim_args: dict[str, Any] = {"default_qos": "guaranteed", **(sim_kw or {})}
+    sim = RuntimeSimulator(socket_path, str(cgroup_root), node_cpus=node_cpus, **sim_args)
     state = NodeState(AllocationStore(CPUSet.parse(node_cpus), CPUSet()), mems_of=mems_of)
     plugin = NRIPlugin(state)
     cdi_dir = os.path.join(sock_dir, "cdi")

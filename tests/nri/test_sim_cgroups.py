@@ -1,5 +1,6 @@
-"""The simulator's cgroup v1 tree (runc-style writes, kernel rules) and more simulator paths:
-memory alignment over the wire, automatic Synchronize splitting above 4 MiB, readiness."""
+"""The simulator's cgroup trees (runc-style writes, kernel rules; v1 and v2) and more
+simulator paths: memory alignment over the wire, automatic Synchronize splitting above
+4 MiB, readiness."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import trio
 from nri_sim_node import sim_node
 
+from dracpu.cgroupfs.paths import detect_layout, resolve
 from dracpu.cpuset import CPUSet
 from dracpu.sim.runtime import CgroupTree, CgroupTreeError
 
@@ -54,8 +56,9 @@ def test_parent_widened_by_another_writer_is_seen(tmp_path: Path) -> None:
     [
         ("/kubepods/podA/c1", "0-9", "is not within the node's 0-7"),
         ("/kubepods/podA/c1", "x", "cpuset.cpus 'x'"),
-        ("/kubepods/../../etc", "0", "is not a cgroupfs path in the tree"),
-        ("kubepods-pod.slice:cri-containerd:c1", "0", "is not a cgroupfs path in the tree"),
+        ("/kubepods/../../etc", "0", "is not a cgroup in the tree"),
+        ("kubepods-pod.slice:cri-containerd:../c1", "0", "is not a systemd"),
+        ("kubepods--x.slice:cri-containerd:c1", "0", "has an empty word"),
     ],
 )
 def test_refused_writes(tmp_path: Path, path: str, cpus: str, message: str) -> None:
@@ -74,6 +77,85 @@ def test_remove_forgets_and_tolerates_missing(tmp_path: Path) -> None:
     assert not (tmp_path / "cg" / "cpuset" / "kubepods" / "podA" / "c1").exists()
     tree.write("/kubepods/podA/c1", cpus="2")
     assert tree.read("/kubepods/podA/c1") == "2"
+
+
+def make_v2(tmp_path: Path) -> CgroupTree:
+    tree = CgroupTree(tmp_path / "cg", version=2)
+    tree.ensure_root("0-7", "0-1")
+    return tree
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def test_v2_root_is_detected_as_v2_and_children_inherit(tmp_path: Path) -> None:
+    tree = make_v2(tmp_path)
+    root = tmp_path / "cg"
+    layout = detect_layout(str(root))
+    assert (layout.version, layout.hierarchy) == (2, str(root))
+    # The root has the effective files but no cpuset.cpus, as on a kernel.
+    assert read(root / "cpuset.cpus.effective") == "0-7"
+    assert not (root / "cpuset.cpus").exists()
+    leaf = tree.ensure("/kubepods/burstable/podA/c1")
+    for d in (
+        root,
+        root / "kubepods",
+        root / "kubepods/burstable",
+        root / "kubepods/burstable/podA",
+    ):
+        assert read(d / "cgroup.subtree_control") == "cpuset"
+    assert read(leaf / "cgroup.controllers") == "cpuset"
+    assert read(leaf / "cgroup.subtree_control") == ""
+    assert read(leaf / "cpuset.cpus") == read(leaf / "cpuset.mems") == ""
+    assert not (leaf / "cpuset.cpus.effective").exists()
+    assert tree.effective_cpus("/kubepods/burstable/podA/c1") == CPUSet.parse("0-7")
+    assert tree.effective_mems("/kubepods/burstable/podA/c1") == CPUSet.parse("0-1")
+    assert resolve(layout, "/kubepods/burstable/podA/c1") == str(leaf)
+
+
+def test_v2_effective_is_the_intersection_or_the_parents(tmp_path: Path) -> None:
+    tree = make_v2(tmp_path)
+    tree.write("/kubepods/podA", cpus="0-3")
+    tree.write("/kubepods/podA/c1", cpus="2-5")  # a child may name CPUs its parent lacks
+    assert tree.read("/kubepods/podA/c1") == "2-5"
+    assert tree.read("/kubepods/podA") == "0-3"  # no widening on v2
+    assert tree.effective_cpus("/kubepods/podA/c1") == CPUSet.parse("2-3")
+    tree.write("/kubepods/podA/c1", cpus="6-7")  # nothing in common: the parent's
+    assert tree.effective_cpus("/kubepods/podA/c1") == CPUSet.parse("0-3")
+    tree.ensure("/kubepods/podA/c2")  # empty: the parent's
+    assert tree.effective_cpus("/kubepods/podA/c2") == CPUSet.parse("0-3")
+    with pytest.raises(CgroupTreeError) as err:
+        tree.write("/kubepods/podA/c1", cpus="8")
+    assert err.value.errno == errno.EINVAL
+    assert "is not within the node's 0-7" in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        tree.effective_cpus("/kubepods/podA/gone")
+
+
+def test_v1_child_outside_its_parent_is_einval_on_disk(tmp_path: Path) -> None:
+    """The v1 rule the tree enforces for runc is also what the copies on disk show: a
+    writer that skips the widening (the daemon's fallback would not) leaves a child outside
+    its parent, which the kernel refuses; here the tree's own write widens first."""
+    tree = make_tree(tmp_path)
+    tree.write("/kubepods/podA", cpus="0-1")
+    tree.write("/kubepods/podA/c1", cpus="4")
+    assert tree.read("/kubepods/podA") == "0-1,4"
+    assert tree.effective_cpus("/kubepods/podA/c1") == CPUSet.parse("4")
+
+
+def test_systemd_paths_expand_as_runc_does(tmp_path: Path) -> None:
+    tree = make_v2(tmp_path)
+    path = "kubepods-burstable-podab_cd.slice:cri-containerd:c1"
+    leaf = tree.ensure(path)
+    want = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podab_cd.slice/"
+    assert leaf == tmp_path / "cg" / (want + "cri-containerd-c1.scope")
+    # The daemon's resolver lands in the same directory.
+    assert resolve(str(tmp_path / "cg"), path) == str(leaf)
+    tree.write(path, cpus="1")
+    assert tree.write_count(path) == 2  # created empty, then the update
+    tree.remove(path)
+    assert not leaf.exists()
 
 
 async def test_align_memory_sets_mems_over_the_wire(short_tmp: str, tmp_path: Path) -> None:

@@ -14,9 +14,14 @@ RemoveContainer). Like the real adaptation layer it
   plugin that calls UpdateContainers from inside an event handler deadlocks until the
   request timeout drops it.
 
-Pods and containers live in memory; each container's cpuset lives in a `CgroupTree`
-(cgroup v1, cgroupfs driver: ``linux.cgroups_path = /kubepods/pod<uid>/<id>``). Fault knobs
-make UpdateContainers fail, go unanswered or report every update as failed.
+Pods and containers live in memory; their cpusets live in a `CgroupTree` (cgroup v1 or v2,
+laid out for the cgroupfs or the systemd driver as the kubelet and containerd do:
+``layout.py``). Each pod has a sandbox (the pause container) with its own id and cgroup,
+created with the pod and reported to plugins as containerd does: in Synchronize's ``pods``
+and, to a plugin that subscribed to them, as RunPodSandbox, StopPodSandbox and
+RemovePodSandbox (``StateChange`` for a plugin without those methods, as the NRI adaptation
+falls back). Fault knobs make UpdateContainers fail, go unanswered or report every update as
+failed.
 """
 
 from __future__ import annotations
@@ -48,8 +53,19 @@ from dracpu.nri.ttrpc import (
 )
 from dracpu.proto.nri import api_pb2
 from dracpu.sim.runtime.cgroups import CgroupTree, CgroupTreeError
+from dracpu.sim.runtime.layout import (
+    check_cgroup_flavor,
+    container_cgroups_path,
+    pod_cgroup_parent,
+)
 
-__all__ = ["ContainerCreateError", "RuntimeSimulator", "SimContainer", "SimPod"]
+__all__ = [
+    "ContainerCreateError",
+    "PodSandboxError",
+    "RuntimeSimulator",
+    "SimContainer",
+    "SimPod",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +77,28 @@ class ContainerCreateError(Exception):
     """The plugin failed the creation (kubelet would show CreateContainerError)."""
 
 
+class PodSandboxError(Exception):
+    """The plugin failed RunPodSandbox; containerd then fails the sandbox's creation."""
+
+
 @dataclass
 class SimPod:
+    """A pod sandbox. ``id`` is the sandbox (pause) container's id, which NRI calls the pod's.
+
+    ``cgroup_parent`` is the pod's cgroup as the kubelet names it (``layout.pod_cgroup_parent``),
+    ``cgroups_path`` the sandbox container's own below it (containerd's ``getCgroupsPath``);
+    containerd reports both in ``PodSandbox.linux`` (``internal/cri/nri/nri_api_linux.go``:
+    ``GetCgroupParent`` from the sandbox config, ``GetCgroupsPath`` from its OCI spec).
+    """
+
     id: str
     uid: str
     name: str
     namespace: str
+    qos: str = "burstable"
+    cgroup_parent: str = ""
+    cgroups_path: str = ""
+    ready: bool = True
 
     def proto(self) -> api_pb2.PodSandbox:
         return api_pb2.PodSandbox(
@@ -75,7 +107,7 @@ class SimPod:
             name=self.name,
             namespace=self.namespace,
             linux=api_pb2.LinuxPodSandbox(
-                cgroup_parent=f"/kubepods/pod{self.uid}", cgroups_path=f"/kubepods/pod{self.uid}"
+                cgroup_parent=self.cgroup_parent, cgroups_path=self.cgroups_path
             ),
         )
 
@@ -147,9 +179,17 @@ class RuntimeSimulator:
         register_reply_after_sync: bool = False,
         runtime_name: str = "dracpu-sim",
         runtime_version: str = "0.1.0",
+        cgroup_version: int = 1,
+        cgroup_driver: str = "cgroupfs",
+        default_qos: str = "burstable",
     ) -> None:
+        check_cgroup_flavor(cgroup_version, cgroup_driver)
+        pod_cgroup_parent(cgroup_driver, default_qos, "check")  # a bad class fails here
+        self.default_qos = default_qos
         self.socket_path = socket_path
-        self.tree = CgroupTree(cgroup_root)
+        self.cgroup_version = cgroup_version
+        self.cgroup_driver = cgroup_driver
+        self.tree = CgroupTree(cgroup_root, version=cgroup_version)
         self.request_timeout = request_timeout
         self.registration_timeout = registration_timeout
         self.node_cpus = node_cpus
@@ -189,11 +229,22 @@ class RuntimeSimulator:
         return self._containers[container_id]
 
     def cpuset_of(self, container_id: str) -> str:
-        """The container's ``cpuset.cpus`` as the file holds it."""
-        return self.tree.read(self._containers[container_id].cgroups_path)
+        """The CPUs the kernel would let the container use (its cgroup's effective set)."""
+        return self.tree.effective_cpus(self._containers[container_id].cgroups_path).format()
 
     def mems_of(self, container_id: str) -> str:
-        return self.tree.read(self._containers[container_id].cgroups_path, "cpuset.mems")
+        return self.tree.effective_mems(self._containers[container_id].cgroups_path).format()
+
+    @property
+    def pods(self) -> list[SimPod]:
+        return list(self._pods.values())
+
+    def pod(self, pod_uid: str) -> SimPod:
+        return self._pods[pod_uid]
+
+    def sandbox_cpuset_of(self, pod_uid: str) -> str:
+        """The CPUs the kernel would let the pod's sandbox (pause container) use."""
+        return self.tree.effective_cpus(self._pods[pod_uid].cgroups_path).format()
 
     @property
     def plugin_ready(self) -> bool:
@@ -598,21 +649,91 @@ class RuntimeSimulator:
             return None
         return plugin
 
-    async def create_pod(self, pod_uid: str, name: str, namespace: str = "default") -> str:
-        """Run a pod sandbox (no NRI event: dracpu does not subscribe to it); returns its id."""
+    async def create_pod(
+        self, pod_uid: str, name: str, namespace: str = "default", *, qos: str | None = None
+    ) -> str:
+        """Run a pod sandbox; returns its id (the pause container's).
+
+        As on a node: the kubelet creates the pod's cgroup for its QoS class, runc the
+        sandbox's below it (v1: copying the parent's sets; v2: empty, so the parent's), and
+        then containerd tells a plugin subscribed to RunPodSandbox. Raises
+        `PodSandboxError` (and leaves nothing behind) when the plugin fails that event.
+        ``qos`` is the pod's QoS class (``default_qos`` when None).
+        """
         if pod_uid in self._pods:
             raise ValueError(f"pod {pod_uid} already exists")
-        pod = SimPod(id=uuid.uuid4().hex, uid=pod_uid, name=name, namespace=namespace)
-        self.tree.ensure_root(self.node_cpus, self.node_mems)
-        self.tree.ensure(f"/kubepods/pod{pod_uid}")
-        self._pods[pod_uid] = pod
+        qos = qos or self.default_qos
+        parent = pod_cgroup_parent(self.cgroup_driver, qos, pod_uid)
+        sandbox_id = uuid.uuid4().hex
+        pod = SimPod(
+            id=sandbox_id,
+            uid=pod_uid,
+            name=name,
+            namespace=namespace,
+            qos=qos,
+            cgroup_parent=parent,
+            cgroups_path=container_cgroups_path(parent, sandbox_id),
+        )
+        async with self._lock:
+            self.tree.ensure_root(self.node_cpus, self.node_mems)
+            self.tree.ensure(parent)
+            self.tree.ensure(pod.cgroups_path)
+            self._pods[pod_uid] = pod
+            try:
+                await self._pod_event(api_pb2.RUN_POD_SANDBOX, pod)
+            except CallFailed as exc:
+                # containerd: "NRI RunPodSandbox failed" fails the sandbox's creation.
+                del self._pods[pod_uid]
+                self.tree.remove(pod.cgroups_path)
+                self.tree.remove(parent)
+                raise PodSandboxError(f"NRI RunPodSandbox failed: {exc.status.message}") from None
         return pod.id
+
+    _POD_EVENTS: Final[dict[int, tuple[str, type[Message], type[Message]]]] = {
+        api_pb2.RUN_POD_SANDBOX: (
+            "RunPodSandbox",
+            api_pb2.RunPodSandboxRequest,
+            api_pb2.RunPodSandboxResponse,
+        ),
+        api_pb2.STOP_POD_SANDBOX: (
+            "StopPodSandbox",
+            api_pb2.StopPodSandboxRequest,
+            api_pb2.StopPodSandboxResponse,
+        ),
+        api_pb2.REMOVE_POD_SANDBOX: (
+            "RemovePodSandbox",
+            api_pb2.RemovePodSandboxRequest,
+            api_pb2.RemovePodSandboxResponse,
+        ),
+    }
+
+    async def _pod_event(self, event: int, pod: SimPod) -> None:
+        """Send one sandbox event to a plugin subscribed to it (under the event lock).
+
+        Raises `CallFailed` for an error status. A plugin without the method (UNIMPLEMENTED)
+        gets it as ``StateChange``, as does every plugin with ``remove_via_state_change``
+        (an older runtime).
+        """
+        plugin = self._active(event)
+        if plugin is None:
+            return
+        method, request_type, reply_type = self._POD_EVENTS[event]
+        if not self.remove_via_state_change:
+            try:
+                await self._call(plugin, method, request_type(pod=pod.proto()), reply_type)
+                return
+            except CallFailed as exc:
+                if exc.status.code != StatusCode.UNIMPLEMENTED:
+                    raise
+        change = api_pb2.StateChangeEvent(event=event, pod=pod.proto())  # type: ignore[arg-type]
+        await self._call(plugin, "StateChange", change, api_pb2.Empty)
 
     async def create_container(self, pod_uid: str, name: str, env: Sequence[str] = ()) -> str:
         """Create and start a container; returns its id.
 
         Raises `ContainerCreateError` when the plugin refuses it. A plugin that times out
-        is dropped and the container runs on every CPU, as with a real runtime.
+        is dropped and the container runs on every CPU, as with a real runtime. Without an
+        adjustment runc writes no set: v1 keeps the copy of the parent's, v2 inherits.
         """
         pod = self._pods.get(pod_uid)
         if pod is None:
@@ -624,7 +745,7 @@ class RuntimeSimulator:
             pod_id=pod.id,
             name=name,
             env=list(env),
-            cgroups_path=f"/kubepods/pod{pod_uid}/{container_id}",
+            cgroups_path=container_cgroups_path(pod.cgroup_parent, container_id),
         )
         async with self._lock:
             reply: api_pb2.CreateContainerResponse | None = None
@@ -639,12 +760,12 @@ class RuntimeSimulator:
                     )
                 except CallFailed as exc:
                     raise ContainerCreateError(exc.status.message) from None
-            cpus, mems = self.node_cpus, self.node_mems
+            cpus = mems = ""
             if reply is not None:
                 adjusted = reply.adjust.linux.resources.cpu
-                cpus = adjusted.cpus or cpus
-                mems = adjusted.mems or mems
+                cpus, mems = adjusted.cpus, adjusted.mems
             try:
+                self.tree.ensure(container.cgroups_path)
                 self.tree.write(container.cgroups_path, cpus=cpus, mems=mems)
             except CgroupTreeError as exc:
                 self.tree.remove(container.cgroups_path)
@@ -707,18 +828,58 @@ class RuntimeSimulator:
             except CallFailed as exc:
                 log.warning("RemoveContainer of %s failed: %s", container_id, exc)
 
+    async def stop_pod(self, pod_uid: str) -> None:
+        """StopPodSandbox: stop the pod's containers, then its sandbox (the event is sent
+        once, to a plugin subscribed to it; a failure is only logged, as containerd does)."""
+        for container in [c for c in self._containers.values() if c.pod_uid == pod_uid]:
+            if container.state != api_pb2.CONTAINER_STOPPED:
+                await self.stop_container(container.id)
+        pod = self._pods[pod_uid]
+        async with self._lock:
+            if not pod.ready:
+                return
+            pod.ready = False
+            try:
+                await self._pod_event(api_pb2.STOP_POD_SANDBOX, pod)
+            except CallFailed as exc:
+                log.warning("StopPodSandbox of %s failed: %s", pod.id, exc)
+
     async def remove_pod(self, pod_uid: str) -> None:
+        """RemovePodSandbox: containers removed, sandbox stopped and removed (events), then
+        the sandbox's cgroup (runc) and the pod's (kubelet) go away."""
         for container in [c for c in self._containers.values() if c.pod_uid == pod_uid]:
             await self.remove_container(container.id)
-        self._pods.pop(pod_uid, None)
-        self.tree.remove(f"/kubepods/pod{pod_uid}")
+        pod = self._pods.get(pod_uid)
+        if pod is None:
+            return
+        await self.stop_pod(pod_uid)
+        async with self._lock:
+            try:
+                await self._pod_event(api_pb2.REMOVE_POD_SANDBOX, pod)
+            except CallFailed as exc:
+                log.warning("RemovePodSandbox of %s failed: %s", pod.id, exc)
+            del self._pods[pod_uid]
+            self.tree.remove(pod.cgroups_path)
+            self.tree.remove(pod.cgroup_parent)
 
 
 async def main_runtime(
-    socket_path: str, cgroup_root: str, *, node_cpus: str = "0-7", update_mode: str = "apply"
+    socket_path: str,
+    cgroup_root: str,
+    *,
+    node_cpus: str = "0-7",
+    update_mode: str = "apply",
+    cgroup_version: int = 1,
+    cgroup_driver: str = "cgroupfs",
 ) -> None:
     """``dracpu sim runtime``: serve until SIGINT or SIGTERM, then remove the socket."""
-    simulator = RuntimeSimulator(socket_path, cgroup_root, node_cpus=node_cpus)
+    simulator = RuntimeSimulator(
+        socket_path,
+        cgroup_root,
+        node_cpus=node_cpus,
+        cgroup_version=cgroup_version,
+        cgroup_driver=cgroup_driver,
+    )
     simulator.set_update_mode(update_mode)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
