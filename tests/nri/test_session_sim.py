@@ -318,6 +318,96 @@ async def test_a_refusing_socket_bound_again_in_place_is_dialled_at_once(
         assert sim.accepted == [pytest.approx(start + 18.0)]
 
 
+async def test_a_socket_bound_again_just_after_a_refused_dial_is_dialled_at_once(
+    short_tmp: str,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24: the runtime binds its socket again after our dial was refused and before
+    we start waiting. The watch that wakes the retry must already be there: dialled
+    within 200 ms, not at the next backoff step (1 s here)."""
+    async with unstarted_node_with_fixed_backoff(short_tmp, tmp_path) as (node, listener, _):
+        sim = node.sim
+        sim._listener = None
+        await listener.aclose()  # the socket file stays, nobody listens: refused
+        dial = node.session._dial
+        rebound: list[float] = []
+
+        async def dial_then_rebind() -> trio.SocketStream:
+            try:
+                return await dial()
+            except ConnectionRefusedError:
+                if not rebound:
+                    await sim._listen()  # between the refusal and the wait
+                    rebound.append(trio.current_time())
+                raise
+
+        monkeypatch.setattr(node.session, "_dial", dial_then_rebind)
+        node.start_session()
+        await sim.wait_plugin_ready()
+        [accepted] = sim.accepted
+        assert 0 <= accepted - rebound[0] < 0.2
+
+
+async def test_a_runtime_restart_seen_only_after_the_session_ends_is_dialled_at_once(
+    short_tmp: str,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same gap after a session: the socket is bound again in place between the end
+    of the session and the wait; the watch kept from before the dial sees it."""
+    async with sim_node(
+        short_tmp,
+        tmp_path / "cg",
+        start_session=False,
+        session_kw={"reconnect_backoff": (1.0, 8.0), "rand": lambda: 1.0},
+    ) as node:
+        sim = node.sim
+        serve = node.session._serve
+        rebound: list[float] = []
+
+        async def serve_then_rebind(stream: trio.SocketStream) -> tuple[str, bool]:
+            result = await serve(stream)
+            if not rebound:
+                listener = sim._listener
+                assert listener is not None
+                sim._listener = None
+                await listener.aclose()
+                await sim._listen()  # between the end of the session and the wait
+                rebound.append(trio.current_time())
+            return result
+
+        monkeypatch.setattr(node.session, "_serve", serve_then_rebind)
+        node.start_session()
+        await sim.wait_plugin_ready()
+        await sim.drop_connection()
+        await sim.wait_plugin_ready()
+        assert len(sim.accepted) == 2
+        assert 0 <= sim.accepted[1] - rebound[0] < 0.2
+
+
+async def test_a_creation_seen_before_a_dial_does_not_skip_the_next_backoff(
+    short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The socket appearing wakes the first dial; once that session ends with the socket
+    unchanged, the retry waits out its backoff (the old creation is not counted twice)."""
+    async with unstarted_node_with_fixed_backoff(short_tmp, tmp_path) as (node, _, start):
+        sim = node.sim
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sim.restart, 5.0)
+            await trio.sleep(0)
+            node.start_session()
+        await sim.wait_plugin_ready()
+        assert sim.accepted == [pytest.approx(start + 5.0)]
+        dropped = trio.current_time()
+        await sim.drop_connection()
+        await sim.wait_plugin_ready()
+        # The first failure after a synchronized session: 1 s (no jitter).
+        assert sim.accepted[1] - dropped == pytest.approx(1.0, abs=0.01)
+
+
 async def test_backoff_resets_after_a_synchronized_session(
     short_tmp: str, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

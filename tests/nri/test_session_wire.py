@@ -20,7 +20,7 @@ from dracpu.nri.handlers import EVENT_MASK, PluginHandlers
 from dracpu.nri.mux import Multiplexer, MuxData
 from dracpu.nri.peer import PLUGIN_SERVICE, RUNTIME_SERVICE, CallFailed, MuxPeer
 from dracpu.nri.plugin import NRIPlugin
-from dracpu.nri.session import NRISession
+from dracpu.nri.session import NRI_API_VERSION, NRISession
 from dracpu.nri.ttrpc import RequestReceived, StatusCode, TTRPCClientConnection
 from dracpu.nursery.backoff import restart_delay
 from dracpu.proto.nri import api_pb2
@@ -85,7 +85,7 @@ async def test_configure_and_paged_synchronize_before_register_reply(short_tmp: 
         reply = api_pb2.ConfigureResponse.FromString(
             await runtime.call("Configure", api_pb2.ConfigureRequest(runtime_name="raw"))
         )
-        assert reply.events == EVENT_MASK == 0x0608
+        assert reply.events == EVENT_MASK == 0x060F
         first = api_pb2.SynchronizeRequest(
             pods=[nri_pod("p1")], containers=[nri_container("p1", "c1")], more=True
         )
@@ -113,7 +113,7 @@ async def test_configure_and_paged_synchronize_before_register_reply(short_tmp: 
 @pytest.mark.parametrize(
     ("service", "method", "payload", "code", "message"),
     [
-        (PLUGIN_SERVICE, "RunPodSandbox", b"", StatusCode.UNIMPLEMENTED, "method RunPodSandbox"),
+        (PLUGIN_SERVICE, "StartContainer", b"", StatusCode.UNIMPLEMENTED, "method StartContainer"),
         ("nri.Other", "Configure", b"", StatusCode.UNIMPLEMENTED, "service nri.Other"),
         (
             PLUGIN_SERVICE,
@@ -156,7 +156,7 @@ async def test_plugin_error_is_an_unknown_status(short_tmp: str) -> None:
 
 
 async def test_configure_reply_golden_bytes(short_tmp: str) -> None:
-    """The whole Configure exchange as raw socket bytes (protocols.md 5.5, events 0x608)."""
+    """The whole Configure exchange as raw socket bytes (protocols.md 5.5, events 0x60f)."""
     path = os.path.join(short_tmp, "nri.sock")
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(path)
@@ -183,11 +183,45 @@ async def test_configure_reply_golden_bytes(short_tmp: str) -> None:
                 for e in mux.receive_data(data)
                 if isinstance(e, MuxData) and e.conn_id == 1
             )
-        golden = bytes.fromhex("00000005 00000001 0200 1203 10880c".replace(" ", ""))
+        golden = bytes.fromhex("00000005 00000001 0200 1203 108f0c".replace(" ", ""))
         assert conn1 == golden
         assert bytes.fromhex("00000001 0000000f".replace(" ", "")) + golden in wire
         nursery.cancel_scope.cancel()
     sock.close()
+
+
+async def test_register_plugin_request_golden_bytes(short_tmp: str) -> None:
+    """RegisterPlugin announces the NRI API level, so containerd logs `with NRI version
+    v0.12.2` instead of `unknown` (issue 24)."""
+    async with raw_runtime(short_tmp) as (runtime, _session, _):
+        [reg] = runtime.requests
+        assert reg.payload == bytes.fromhex(
+            "0a07 6472612e637075"  # 1 plugin_name "dra.cpu"
+            "1202 3030"  # 2 plugin_idx "00"
+            "1a07 76302e31322e32"  # 3 nri_version "v0.12.2"
+        )
+        assert api_pb2.RegisterPluginRequest.FromString(reg.payload).nri_version == (
+            NRI_API_VERSION
+        )
+
+
+@pytest.mark.parametrize(
+    ("announced", "logged"),
+    [
+        ("v0.12.3", "the runtime speaks NRI v0.12.3; dracpu announces v0.12.2"),
+        ("", "the runtime did not announce its NRI version"),
+    ],
+)
+async def test_the_runtime_nri_version_from_configure_is_logged_and_kept(
+    short_tmp: str, caplog: pytest.LogCaptureFixture, announced: str, logged: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="dracpu.nri")
+    async with raw_runtime(short_tmp) as (runtime, session, _):
+        configure = api_pb2.ConfigureRequest(runtime_name="raw", nri_version=announced)
+        await runtime.call("Configure", configure)
+        assert logged in caplog.text
+        assert session.runtime_nri_version == announced
+        assert session.describe()["runtime_nri_version"] == announced
 
 
 def test_session_refuses_bad_names() -> None:

@@ -1,5 +1,5 @@
 """A minimal inotify binding (ctypes, no dependency) so the drift watcher can wake early
-and the NRI session can dial as soon as the runtime's socket appears.
+and the NRI session can dial as soon as the runtime's socket appears (`EntryWatch`).
 
 Only what the watcher needs: add a watch per directory, read and decode event records,
 forget watches the kernel dropped (``IN_IGNORED`` after a cgroup is removed). Where inotify
@@ -24,11 +24,11 @@ __all__ = [
     "IN_IGNORED",
     "IN_MODIFY",
     "IN_MOVED_TO",
+    "EntryWatch",
     "Inotify",
     "InotifyEvent",
     "decode_events",
     "open_inotify",
-    "wait_for_entry",
     "wait_for_removal",
 ]
 
@@ -37,6 +37,7 @@ IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
+IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
@@ -137,31 +138,87 @@ class Inotify:
             self.fd = -1
 
 
-async def wait_for_entry(directory: str, name: str, timeout: float, *, new: bool = False) -> bool:
-    """Wait until ``directory/name`` exists (True) or ``timeout`` seconds pass (False).
+class EntryWatch:
+    """A lasting watch for ``directory/name`` being created (bound, or renamed into place).
 
-    With ``new`` only a creation after the call counts: a socket removed and bound again in
-    place. The watch is in place before the first look, so an entry created meanwhile is
-    not missed. Without inotify (or without the directory) this is a plain sleep, then a
-    look (False with ``new``: a re-creation cannot be told from the old entry).
+    The NRI session keeps one for its whole life: `clear` just before each dial, then
+    `wait` after a failed or ended session wakes on any creation since that `clear`, so a
+    socket the runtime binds between our dial and our wait is not missed (issue 24: a
+    watch set up only after the failure missed such a socket until the backoff ended).
+    Without inotify, or while the directory is missing, `wait` falls back to a timer (the
+    directory is looked for again every `ARM_RETRY` seconds).
     """
-    path = os.path.join(directory, name)
-    notify = open_inotify()
-    if notify is None or not notify.watch(directory, IN_CREATE | IN_MOVED_TO):
-        if notify is not None:
-            notify.close()
-        await trio.sleep(timeout)
-        return not new and os.path.exists(path)
-    try:
+
+    ARM_RETRY = 1.0
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory = directory
+        self.name = name
+        self._notify: Inotify | None = None
+        self._armed = False
+        self._maybe_created = False
+
+    def __enter__(self) -> EntryWatch:
+        self._notify = open_inotify()
+        self._arm()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._notify is not None:
+            self._notify.close()
+            self._notify = None
+        self._armed = False
+
+    @property
+    def available(self) -> bool:
+        """False where inotify is missing: `wait` is then only a timer."""
+        return self._notify is not None
+
+    def _arm(self) -> bool:
+        if not self._armed and self._notify is not None:
+            self._armed = self._notify.watch(self.directory, IN_CREATE | IN_MOVED_TO)
+        return self._armed
+
+    def _take_events(self) -> None:
+        """Read what is queued; note a creation of ``name``, a lost watch or an overflow
+        (either may hide one)."""
+        assert self._notify is not None
+        for ev in self._notify.read_events():
+            if ev.mask & IN_Q_OVERFLOW:
+                self._maybe_created = True
+            elif ev.mask & IN_IGNORED:
+                self._armed = False
+                self._maybe_created = True
+            elif ev.mask & (IN_CREATE | IN_MOVED_TO) and ev.name == self.name:
+                self._maybe_created = True
+
+    def clear(self) -> None:
+        """Forget creations so far: the caller is about to look at the entry itself."""
+        if self._notify is not None and self._armed:
+            self._take_events()
+        self._maybe_created = False
+        self._arm()
+
+    async def wait(self, timeout: float) -> bool:
+        """True once ``name`` was created since the last `clear` (at once if it already
+        was), False after ``timeout`` seconds without that."""
         with trio.move_on_after(timeout):
-            while new or not os.path.exists(path):
-                await trio.lowlevel.wait_readable(notify.fd)
-                if any(ev.name == name for ev in notify.read_events()):
+            notify = self._notify
+            if notify is None:
+                await trio.sleep_forever()
+            while True:
+                if not self._armed:
+                    if not self._arm():
+                        await trio.sleep(self.ARM_RETRY)
+                        continue
+                    # The directory is back: an entry in it now is one nobody dialled.
+                    if os.path.exists(os.path.join(self.directory, self.name)):
+                        self._maybe_created = True
+                self._take_events()
+                if self._maybe_created:
                     return True
-            return True
+                await trio.lowlevel.wait_readable(notify.fd)
         return False
-    finally:
-        notify.close()
 
 
 async def wait_for_removal(directory: str, name: str, *, recheck: float = 5.0) -> None:

@@ -37,7 +37,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from dracpu import DRIVER_NAME, cdi
-from dracpu.cgroupfs.inotify import wait_for_entry
+from dracpu.cgroupfs.inotify import EntryWatch
 from dracpu.cpuset import CPUSet
 from dracpu.logs import operation
 from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
@@ -66,6 +66,14 @@ _IDX_RE: Final = re.compile(r"[0-9]{2}")
 SLOW_HANDLER_SECONDS: Final = 0.5
 # How long a refused dial is retried at once before the backoff takes over.
 QUICK_REDIAL: Final = 0.2
+# The NRI API level announced in RegisterPluginRequest.nri_version. The official stub
+# sends the containerd/nri Go module version it was built with (pkg/version
+# GetFromBuildInfo, e.g. "v0.12.2"; containerd/nri#271), and the runtime only logs it:
+# `registered as "00-dra.cpu" (with NRI version unknown)` when the field is empty
+# (pkg/adaptation/plugin.go RegisterPlugin). Ours names the newest containerd/nri release
+# whose messages proto/nri/api.proto declares (Container.image, NRI >= v0.12.2); raise it
+# together with that file.
+NRI_API_VERSION: Final = "v0.12.2"
 
 # behavior.md §16.1: the hooks whose lines share an operation id, with begin/end lines at
 # these verbosities; every other request still gets an id of its own.
@@ -137,6 +145,8 @@ class NRISession:
         self._peer: MuxPeer | None = None
         self._handlers = PluginHandlers(plugin)
         self.sessions = 0
+        self.runtime_nri_version = ""
+        """The NRI version the runtime announced in this session's Configure ("": none)."""
 
     # -- lifecycle ------------------------------------------------------------------------
     def _enter(self, state: SessionState) -> None:
@@ -169,6 +179,7 @@ class NRISession:
             "state": str(self.state),
             "sessions": self.sessions,
             "runtime": f"{self.runtime_name} {self.runtime_version}".strip(),
+            "runtime_nri_version": self.runtime_nri_version,
         }
 
     async def wait_synchronized(self) -> None:
@@ -178,23 +189,29 @@ class NRISession:
 
     # -- the reconnect loop -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        failures = 0
-        while True:
-            try:
-                stream = await self._dial()
-            except OSError as exc:
-                log.info("cannot reach the NRI socket %s: %s", self._socket_path, exc)
-            else:
-                if self.sessions and self._metrics is not None:
-                    self._metrics.nri_reconnects.inc()
-                self.sessions += 1
-                reason, synchronized = await self._serve(stream)
-                log.warning("NRI session ended: %s", reason)
-                if synchronized:
-                    failures = 0
-            failures += 1
-            await self._wait_to_dial(failures)
+        directory, name = os.path.split(os.path.abspath(self._socket_path))
+        # One watch for the life of the session, in place before the first dial: a socket
+        # bound at any moment after a dial looked is seen by the wait that follows it.
+        with EntryWatch(directory, name) as socket_watch:
+            task_status.started()
+            failures = 0
+            while True:
+                # Creations before this dial are answered by the dial itself.
+                socket_watch.clear()
+                try:
+                    stream = await self._dial()
+                except OSError as exc:
+                    log.info("cannot reach the NRI socket %s: %s", self._socket_path, exc)
+                else:
+                    if self.sessions and self._metrics is not None:
+                        self._metrics.nri_reconnects.inc()
+                    self.sessions += 1
+                    reason, synchronized = await self._serve(stream)
+                    log.warning("NRI session ended: %s", reason)
+                    if synchronized:
+                        failures = 0
+                failures += 1
+                await self._wait_to_dial(socket_watch, failures)
 
     async def _dial(self) -> trio.SocketStream:
         """Connect; a socket that was just bound may not listen yet (the runtime binds,
@@ -208,20 +225,24 @@ class NRISession:
                     raise
                 await trio.sleep(0.01)
 
-    async def _wait_to_dial(self, failures: int) -> None:
-        """Dial again as soon as the runtime's socket is (re)created; back off only while a
-        socket that exists refuses or drops us (a runtime restart removes and re-creates it,
-        so rejoining does not wait out a backoff)."""
+    async def _wait_to_dial(self, socket_watch: EntryWatch, failures: int) -> None:
+        """Dial again as soon as the runtime's socket is (re)created after the last dial;
+        back off only while a socket that exists refuses or drops us (a runtime restart
+        removes and re-creates it, so rejoining does not wait out a backoff)."""
         initial, maximum = self._backoff
-        directory, name = os.path.split(os.path.abspath(self._socket_path))
-        if os.path.exists(self._socket_path):
-            delay = restart_delay(
-                failures, initial=initial, factor=2.0, cap=maximum, jitter=0.5, rand=self._rand
+        delay = restart_delay(
+            failures, initial=initial, factor=2.0, cap=maximum, jitter=0.5, rand=self._rand
+        )
+        # A missing socket can only come back by being created: wait for that, up to the
+        # cap. Without inotify nothing would tell us, so keep to the backoff.
+        exists = os.path.exists(self._socket_path)
+        timeout = delay if exists or not socket_watch.available else maximum
+        if await socket_watch.wait(timeout):
+            log.info(
+                "NRI socket %s %s: dialing now",
+                self._socket_path,
+                "re-created" if exists else "appeared",
             )
-            if await wait_for_entry(directory, name, delay, new=True):
-                log.info("NRI socket %s re-created: dialing now", self._socket_path)
-        elif await wait_for_entry(directory, name, maximum):
-            log.info("NRI socket %s appeared: dialing now", self._socket_path)
 
     async def _serve(self, stream: trio.SocketStream) -> tuple[str, bool]:
         peer = MuxPeer(
@@ -231,6 +252,7 @@ class NRISession:
             on_request=self._on_request,
         )
         self._handlers = PluginHandlers(self._plugin)
+        self.runtime_nri_version = ""
         reason = "the runtime closed the connection"
         self._peer = peer
         self._enter(SessionState.CONNECTED)
@@ -267,7 +289,9 @@ class NRISession:
     async def _register(self, peer: MuxPeer) -> str:
         """RegisterPlugin on connection 2; returns the error that ends the session, or ""."""
         request = api_pb2.RegisterPluginRequest(
-            plugin_name=self._plugin_name, plugin_idx=self._plugin_idx
+            plugin_name=self._plugin_name,
+            plugin_idx=self._plugin_idx,
+            nri_version=NRI_API_VERSION,
         )
         try:
             await peer.call(
@@ -304,6 +328,8 @@ class NRISession:
                         result, synchronized = await self._synchronize(request.payload)
                     else:
                         result = self._handlers.handle(request.method, request.payload)
+                        if request.method == "Configure":
+                            self._note_runtime_nri_version(request.payload)
             except DecodeError as exc:
                 result = Status(
                     StatusCode.INVALID_ARGUMENT, f"undecodable {request.method} request: {exc}"
@@ -322,13 +348,24 @@ class NRISession:
             await peer.respond(request.stream_id, result)
         except PeerClosed:
             return
-        if request.method == "CreateContainer" and isinstance(result, bytes):
+        if isinstance(result, bytes):
             self._verify_applied()
         if synchronized and peer is self._peer:
             self._enter(SessionState.SYNCHRONIZED)
 
+    def _note_runtime_nri_version(self, payload: bytes) -> None:
+        """Log the NRI version the runtime announced in Configure (field 6, sent since
+        NRI v0.12; the handlers decoded the same bytes without error)."""
+        version = api_pb2.ConfigureRequest.FromString(payload).nri_version
+        self.runtime_nri_version = version
+        if version:
+            log.info("the runtime speaks NRI %s; dracpu announces %s", version, NRI_API_VERSION)
+        else:
+            log.info("the runtime did not announce its NRI version (NRI before v0.12)")
+
     def _verify_applied(self) -> None:
-        """Have the verifier read back what the CreateContainer reply asked for."""
+        """Have the verifier read back what the reply asked for (CreateContainer) or what
+        only dracpu writes (the pod sandboxes of RunPodSandbox and Synchronize)."""
         applied, self._handlers.applied = self._handlers.applied, []
         if applied and self._verify is not None:
             self._verify.send_nowait(VerifyCpusets(intents=tuple(applied), cause="create"))
