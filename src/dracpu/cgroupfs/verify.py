@@ -63,6 +63,8 @@ class Verifier:
         self.create_poll = create_poll
         self.verified = 0
         self.rewritten = 0
+        """Containers written because they differed (pod sandboxes are counted apart)."""
+        self.sandboxes_written = 0
 
     async def run(
         self,
@@ -146,8 +148,8 @@ class Verifier:
                     error,
                 )
                 continue
-            written.append(intent.container_id)
             if intent.sandbox:
+                self.sandboxes_written += 1
                 # One per pod and pool change: routine, not news.
                 log.debug(
                     "pod sandbox kept on the shared pool sandbox_id=%s pod_uid=%s cpus=%s",
@@ -156,6 +158,7 @@ class Verifier:
                     intent.cpus,
                 )
                 continue
+            written.append(intent.container_id)
             log.info(
                 "fallback cpuset write container_id=%s cpus=%s reason=%s",
                 intent.container_id,
