@@ -481,3 +481,37 @@ def test_a_missing_hierarchy_is_warned_about_once(
     assert all(r.errors == 1 for r in reports)
     levels = [r.levelno for r in caplog.records if "drift check skipped" in r.getMessage()]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+# -- pod sandboxes and the one-write rule -----------------------------------------------------
+def test_a_sandbox_off_the_pool_is_kept_on_it_never_counted_as_drift(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=1, cpus="2-7")
+    sandbox = msgspec.structs.replace(
+        intent("sb0", pod="u9", cpus="2-7"), sandbox=True, cgroups_path="/kubepods/podu9/sb0"
+    )
+    make_cgroup(tree.h, sandbox.cgroups_path, cpus="0-7")  # as runc created it
+    tree.intents.append(sandbox)
+    report = tree.watcher().check_once()
+    assert read(tree.h / "kubepods/podu9/sb0/cpuset.cpus") == "2-7"
+    assert (report.drifted, report.repaired) == (0, 0)
+    assert tree.sample("dracpu_cgroup_fallback_writes_total", result="success", cause="sandbox")
+    assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 0
+    assert tree.sample("dracpu_cgroup_drifted_containers") == 0
+
+
+def test_a_repair_another_writer_made_meanwhile_is_not_written_again(tmp_path: Path) -> None:
+    tree = Tree(tmp_path, n=2)
+    (tree.leaf(0) / "cpuset.cpus").write_text("0-7\n")
+    writer = CgroupWriter(str(tree.root))
+    watcher = DriftWatcher(writer, lambda: tree.intents, lambda: tree.pool, metrics=tree.metrics)
+    real_many = writer.write_many
+
+    def fixed_first(intents, **kwargs):  # type: ignore[no-untyped-def]
+        # Between the watcher's read and its write, the verifier's pass fixed the cgroup.
+        (tree.leaf(0) / "cpuset.cpus").write_text("0-1\n")
+        return real_many(intents, **kwargs)
+
+    writer.write_many = fixed_first  # type: ignore[method-assign]
+    report = watcher.check_once()
+    assert (report.drifted, report.repaired) == (1, 0)
+    assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 0

@@ -456,6 +456,23 @@ async def test_run_fallback_reports_mismatch_as_failure(tmp_path: Path) -> None:
     assert _counter(registry, "error") == 1
 
 
+async def test_run_fallback_writes_nothing_when_the_cgroup_holds_the_set_already(
+    tmp_path: Path,
+) -> None:
+    # The pool change's verifier pass got there first: one write per change is enough.
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="6-7")
+    before = (leaf / "cpuset.cpus").stat().st_mtime_ns
+    registry = CollectorRegistry()
+    writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
+    result = await writer.apply_fallback(
+        CpusetUpdateFailed(intent=intent("c1", cpus="6-7"), reason="listed as failed")
+    )
+    assert result == FallbackResult(container_id="c1", cpus="6-7", ok=True)
+    assert (leaf / "cpuset.cpus").stat().st_mtime_ns == before
+    assert _counter(registry, "success") == 0
+
+
 def test_widening_reads_the_parent_fresh_within_a_batch(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     h = root / "cpuset"
