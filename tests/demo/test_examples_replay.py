@@ -34,12 +34,17 @@ def test_there_are_examples() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "cgroup",
+    [("--cgroup-version", "1", "--cgroup-driver", "cgroupfs"), ()],
+    ids=["v1-cgroupfs", "default-v2-systemd"],
+)
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_example_replays_in_the_demo(example: Path) -> None:
+def test_example_replays_in_the_demo(example: Path, cgroup: tuple[str, ...]) -> None:
     args = _demo_command(example)
     assert args[args.index("--scenario") + 1] == f"docs/examples/{example.name}"
     proc = subprocess.run(
-        [sys.executable, "-m", "dracpu", "demo", *args, "--output", "json"],
+        [sys.executable, "-m", "dracpu", "demo", *args, *cgroup, "--output", "json"],
         capture_output=True,
         text=True,
         timeout=180,

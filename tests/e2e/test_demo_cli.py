@@ -32,20 +32,42 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    ("fixture", "mode"),
-    [("xeon-2s-ht", "grouped"), ("epyc-nps4", "individual"), ("intel-hybrid", "grouped")],
+    ("fixture", "mode", "cgroup"),
+    [
+        ("xeon-2s-ht", "grouped", ("1", "cgroupfs")),
+        ("xeon-2s-ht", "grouped", ("2", "systemd")),
+        ("epyc-nps4", "individual", ("2", "systemd")),
+        ("intel-hybrid", "grouped", ("1", "systemd")),
+        ("intel-hybrid", "grouped", ("2", "cgroupfs")),
+    ],
+    ids=lambda v: f"v{v[0]}-{v[1]}" if isinstance(v, tuple) else v,
 )
-def test_demo_json_on_fixtures(fixture: str, mode: str) -> None:
+def test_demo_json_on_fixtures(fixture: str, mode: str, cgroup: tuple[str, str]) -> None:
     root = FIXTURES / fixture
     topo = discover_from_root(root)
-    proc = run_demo("--sysfs-root", str(root), "--cpu-device-mode", mode, "--output", "json")
+    version, driver = cgroup
+    proc = run_demo(
+        "--sysfs-root",
+        str(root),
+        "--cpu-device-mode",
+        mode,
+        "--output",
+        "json",
+        "--cgroup-version",
+        version,
+        "--cgroup-driver",
+        driver,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     doc = json.loads(proc.stdout)
     assert list(doc) == ["slices", "claims", "containers", "notes"]
     assert doc["notes"] == []
     devices = [d["name"] for s in doc["slices"] for d in s["spec"]["devices"]]
     if mode == "individual":
-        assert len(devices) == topo.num_cpus
+        # No --reserved-cpus: the core of the lowest CPU is the shared pool's floor, never
+        # a device (allocation/floor.py).
+        floor = topo.cpus[min(topo.online - topo.isolated)].thread_siblings
+        assert len(devices) == topo.num_cpus - len(floor)
     else:
         assert devices == [f"cpudevnuma{n:03d}" for n in sorted(topo.by_numa)]
     claims = {k: CPUSet.parse(v["cpus"]) for k, v in doc["claims"].items()}
@@ -172,6 +194,21 @@ def test_demo_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.stderr == (
         f"dracpu: {bad}: document 1 (Deployment d): spec.template must be a pod template\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--cgroup-version", "3", "argument --cgroup-version: must be 1 or 2, got '3'"),
+        ("--cgroup-driver", "sd", "argument --cgroup-driver: invalid choice: 'sd'"),
+    ],
+)
+def test_demo_bad_cgroup_flag_is_one_line(flag: str, value: str, message: str) -> None:
+    proc = run_demo(flag, value)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"dracpu: demo: {message}")
 
 
 def test_keep_running_serves_until_interrupted() -> None:

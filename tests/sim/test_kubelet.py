@@ -93,9 +93,11 @@ class TimelineRuntime(MemoryRuntime):
         self.timeline = timeline
         self.fail_create = 0
 
-    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None:
+    async def run_pod_sandbox(
+        self, pod_uid: str, namespace: str, name: str, qos: str = "burstable"
+    ) -> None:
         self.timeline.append(("run_pod_sandbox", name))
-        await super().run_pod_sandbox(pod_uid, namespace, name)
+        await super().run_pod_sandbox(pod_uid, namespace, name, qos)
 
     async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
         if self.fail_create:

@@ -25,7 +25,8 @@ def _demo_parser() -> argparse.ArgumentParser:
         "runtime and cgroup tree in a temp dir), apply a scenario of Pods and ResourceClaims, "
         "and print the published devices, each claim's CPUs, each container's cpuset read "
         "back from the cgroup tree, and a CPU map. Exit 1 when a claim cannot be satisfied.",
-        "dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht --cpu-device-mode grouped",
+        "dracpu demo --sysfs-root tests/fake_sysfs/xeon-2s-ht --cpu-device-mode grouped\n"
+        "dracpu demo --cgroup-version 1 --cgroup-driver cgroupfs",
     )
     p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
     p.add_argument("--scenario", help="YAML stream of Pods and ResourceClaims (default: built in)")
@@ -57,6 +58,10 @@ def _demo_parser() -> argparse.ArgumentParser:
         "CPU must stay unreserved",
     )
     p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
+    from dracpu.sim.runtime.cliflags import add_cgroup_flags
+
+    # cgroup v2 with the systemd driver: what most nodes run today.
+    add_cgroup_flags(p, version=2, driver="systemd")
     return p
 
 
@@ -104,6 +109,8 @@ def cmd_demo(argv: Sequence[str]) -> int:
         reserved=args.reserved_cpus,
         output=args.output,
         keep_running=args.keep_running,
+        cgroup_version=args.cgroup_version,
+        cgroup_driver=args.cgroup_driver,
     )
     try:
         result = trio.run(run_demo, options, sys.stdout)

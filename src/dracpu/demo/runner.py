@@ -1,7 +1,8 @@
 """`dracpu demo`: the real daemon on a simulated node, a scenario applied, and what happened.
 
 Steps, each reported on a progress line: start the simulated node (API server, NRI
-runtime with a cgroup tree, kubelet, scheduler) in a temp directory; start `dracpu run` as a
+runtime with a cgroup v1 or v2 tree laid out for the cgroupfs or systemd driver, kubelet,
+scheduler) in a temp directory; start `dracpu run` as a
 child process against it; wait for its slices; apply the scenario (claim templates and
 claims, then one pod at a time, each waited for until it runs or is stuck with a reason, so
 the same inputs give the same CPUs every run); delete the pods marked for deletion and wait
@@ -58,6 +59,8 @@ class DemoOptions:
     output: str = "text"
     keep_running: bool = False
     workdir: str | None = None
+    cgroup_version: int = 2
+    cgroup_driver: str = "systemd"
 
 
 @dataclass
@@ -303,7 +306,14 @@ def _sim_node(opts: DemoOptions, workdir: str) -> SimNode:
     mems = CPUSet(sorted(topo.by_numa)).format() or "0"
     # A fixed seed: generated names and UIDs come out the same on every run.
     api = SimAPIServer(graceful_pod_deletion=True, seed=0)
-    return SimNode(workdir=workdir, node_cpus=topo.online.format(), node_mems=mems, api=api)
+    return SimNode(
+        workdir=workdir,
+        node_cpus=topo.online.format(),
+        node_mems=mems,
+        api=api,
+        cgroup_version=opts.cgroup_version,
+        cgroup_driver=opts.cgroup_driver,
+    )
 
 
 def _daemon_args(opts: DemoOptions) -> list[str]:
@@ -440,7 +450,8 @@ async def _run_on(
     """Every step of the demo on a running simulated node."""
     progress(
         f"simulated node {node.node_name}: API server {node.api.url}, NRI runtime "
-        f"{node.nri_socket}, kubelet root {node.kubelet_root}"
+        f"{node.nri_socket} (cgroup v{node.cgroup_version}, {node.cgroup_driver} driver), "
+        f"kubelet root {node.kubelet_root}"
     )
     marked = pods_to_offline(opts.scenario)
     try:

@@ -11,7 +11,9 @@ directory is a short one under /tmp)::
     kubeconfig   apiserver's kubeconfig for the daemon and for kubectl
     kubelet/     kubelet root: plugins_registry/ and plugins/dra.cpu/
     nri.sock     the runtime's NRI socket
-    cgroup/      the runtime's cgroup v1 tree (cpuset/kubepods/pod<uid>/<id>/cpuset.cpus)
+    cgroup/      the runtime's cgroup tree: v1 (cpuset/kubepods/burstable/pod<uid>/<id>/) or v2
+                 (cgroup.controllers; kubepods.slice/.../cri-containerd-<id>.scope/ with
+                 the systemd driver), as ``cgroup_version`` and ``cgroup_driver`` say
     cdi/         CDI specs
     state/       the daemon's checkpoint
     dracpu.log   the daemon's log
@@ -38,6 +40,7 @@ from dracpu.sim.apiserver import SimAPIServer
 from dracpu.sim.kubelet import SimKubelet
 from dracpu.sim.kubelet.pods import Backoff
 from dracpu.sim.kubelet.runtime import PodRuntimeAdapter
+from dracpu.sim.runtime.layout import check_cgroup_flavor
 from dracpu.sim.runtime.simulator import RuntimeSimulator
 from dracpu.sim.scheduler.shell import Scheduler
 
@@ -129,8 +132,14 @@ class SimNode:
     daemon: DaemonProcess | None = None
     # The kubelet's retry backoff (None: its default, 1 s doubling up to 30 s).
     kubelet_backoff: Backoff | None = None
+    # The runtime's cgroup hierarchy (1 or 2) and the kubelet's cgroup driver.
+    cgroup_version: int = 1
+    cgroup_driver: str = "cgroupfs"
     # What the last start_daemon/launch_daemon was given, for restart_daemon.
     _daemon_launch: tuple[str, tuple[str, ...]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_cgroup_flavor(self.cgroup_version, self.cgroup_driver)
 
     def path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
@@ -178,6 +187,8 @@ class SimNode:
                     self.cgroup_root,
                     node_cpus=self.node_cpus,
                     node_mems=self.node_mems,
+                    cgroup_version=self.cgroup_version,
+                    cgroup_driver=self.cgroup_driver,
                 )
                 await nursery.start(self.runtime.run)
                 self.kubelet = SimKubelet(
@@ -370,3 +381,8 @@ class SimNode:
         """A container's cpuset as the cgroup tree holds it (what the kernel would enforce)."""
         assert self.runtime is not None
         return self.runtime.cpuset_of(container_id)
+
+    def sandbox_cpuset_of(self, pod_uid: str) -> str:
+        """A pod sandbox's cpuset as the cgroup tree holds it (what the kernel would enforce)."""
+        assert self.runtime is not None
+        return self.runtime.sandbox_cpuset_of(pod_uid)

@@ -52,6 +52,7 @@ from dracpu.sim.kubelet.pods import (
     container_device_ids,
     containers_of,
     pod_claim_names,
+    pod_qos_class,
     spec_env,
 )
 from dracpu.sim.kubelet.registration import (
@@ -395,7 +396,7 @@ class SimKubelet:
             await self._report_waiting(st, pod, "FailedPrepareDynamicResources", str(exc))
             return
         try:
-            await self.runtime.run_pod_sandbox(st.uid, st.namespace, st.name)
+            await self.runtime.run_pod_sandbox(st.uid, st.namespace, st.name, pod_qos_class(pod))
             st.sandbox = True
             for container in containers_of(pod):
                 name = str(container.get("name", ""))

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dracpu.allocation.quantity import QuantityError, parse_quantity
 from dracpu.sim.kubelet.dra import ClaimRef, PreparedDevice
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "claim_problem",
     "container_device_ids",
     "pod_claim_names",
+    "pod_qos_class",
     "spec_env",
 ]
 
@@ -173,3 +175,43 @@ def spec_env(container: Mapping[str, Any]) -> list[str]:
 def containers_of(pod: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
     containers: Sequence[Mapping[str, Any]] = (pod.get("spec") or {}).get("containers") or []
     return containers
+
+
+_QOS_RESOURCES = ("cpu", "memory")
+
+
+def _nonzero(resources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The cpu and memory entries of a requests or limits map that are not zero."""
+    out: dict[str, Any] = {}
+    for name in _QOS_RESOURCES:
+        text = str((resources or {}).get(name, "0"))
+        try:
+            value: Any = parse_quantity(text)
+        except QuantityError:
+            value = text  # unparsable: compared as written (the API server refuses it anyway)
+        if value != 0:
+            out[name] = value
+    return out
+
+
+def pod_qos_class(pod: Mapping[str, Any]) -> str:
+    """The pod's QoS class as the API server computes ``status.qosClass``
+    (kubernetes ``pkg/apis/core/v1/helper/qos/qos.go`` ``GetPodQOS``, without pod-level
+    resources): besteffort when no container (init containers included) requests or limits
+    cpu or memory; guaranteed when every container limits both and every request equals its
+    limit (a missing request defaults to the limit); burstable otherwise.
+    """
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    any_set = False
+    guaranteed = bool(containers)
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits = _nonzero(resources.get("limits"))
+        requests = {**limits, **_nonzero(resources.get("requests"))}
+        any_set = any_set or bool(requests or limits)
+        if set(limits) != set(_QOS_RESOURCES) or requests != limits:
+            guaranteed = False
+    if not any_set:
+        return "besteffort"
+    return "guaranteed" if guaranteed else "burstable"

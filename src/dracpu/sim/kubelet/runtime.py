@@ -21,7 +21,11 @@ class ContainerRuntimeError(Exception):
 
 
 class ContainerRuntime(Protocol):
-    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None: ...
+    async def run_pod_sandbox(
+        self, pod_uid: str, namespace: str, name: str, qos: str = "burstable"
+    ) -> None:
+        """Run the pod's sandbox in the cgroup of its QoS class."""
+        ...
 
     async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
         """Create and start a container; returns its id."""
@@ -37,7 +41,9 @@ class ContainerRuntime(Protocol):
 class PodRuntime(Protocol):
     """The runtime simulator's own names for the sandbox calls."""
 
-    async def create_pod(self, pod_uid: str, name: str, namespace: str = "default") -> str: ...
+    async def create_pod(
+        self, pod_uid: str, name: str, namespace: str = "default", *, qos: str | None = None
+    ) -> str: ...
 
     async def create_container(self, pod_uid: str, name: str, env: Sequence[str] = ()) -> str: ...
 
@@ -54,8 +60,10 @@ class PodRuntimeAdapter:
     def __init__(self, runtime: PodRuntime) -> None:
         self.runtime = runtime
 
-    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None:
-        await self.runtime.create_pod(pod_uid, name, namespace)
+    async def run_pod_sandbox(
+        self, pod_uid: str, namespace: str, name: str, qos: str = "burstable"
+    ) -> None:
+        await self.runtime.create_pod(pod_uid, name, namespace, qos=qos)
 
     async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
         return await self.runtime.create_container(pod_uid, name, env)
@@ -84,13 +92,17 @@ class MemoryRuntime:
     """Keeps sandboxes and containers in dicts and logs every call in ``calls``."""
 
     sandboxes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    qos: dict[str, str] = field(default_factory=dict)  # pod uid -> QoS class of its sandbox
     containers: dict[str, MemoryContainer] = field(default_factory=dict)
     calls: list[tuple[str, ...]] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
-    async def run_pod_sandbox(self, pod_uid: str, namespace: str, name: str) -> None:
+    async def run_pod_sandbox(
+        self, pod_uid: str, namespace: str, name: str, qos: str = "burstable"
+    ) -> None:
         self.calls.append(("run_pod_sandbox", pod_uid, namespace, name))
         self.sandboxes[pod_uid] = (namespace, name)
+        self.qos[pod_uid] = qos
 
     async def create_container(self, pod_uid: str, name: str, env: list[str]) -> str:
         self.calls.append(("create_container", pod_uid, name))

@@ -6,43 +6,23 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
+from typing import NoReturn
 
 import trio
 
-from dracpu.sim.runtime.layout import CGROUP_DRIVERS, CgroupLayoutError, check_cgroup_flavor
+from dracpu.sim.runtime.cliflags import add_cgroup_flags
 from dracpu.sim.runtime.simulator import UPDATE_MODES, main_runtime
 
 
-def cgroup_version_arg(text: str) -> int:
-    """``--cgroup-version``: 1 or 2 (argparse turns the error into one usage line)."""
-    if text not in ("1", "2"):
-        raise argparse.ArgumentTypeError(f"must be 1 or 2, got {text!r}")
-    return int(text)
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (no usage block), exit 2."""
 
-
-def add_cgroup_flags(parser: argparse.ArgumentParser, *, version: int, driver: str) -> None:
-    """``--cgroup-version`` and ``--cgroup-driver``, shared by every command that builds a
-    simulated node (``dracpu sim runtime``, ``dracpu demo``, the chaos run)."""
-    parser.add_argument(
-        "--cgroup-version",
-        type=cgroup_version_arg,
-        default=version,
-        metavar="1|2",
-        help=f"the simulated cgroup hierarchy: 1 (cpuset controller at <root>/cpuset) or 2 "
-        f"(unified, <root>/cgroup.controllers) (default {version})",
-    )
-    parser.add_argument(
-        "--cgroup-driver",
-        choices=CGROUP_DRIVERS,
-        default=driver,
-        help="how the kubelet and containerd name pod and container cgroups: cgroupfs "
-        "(/kubepods/burstable/pod<uid>/<id>) or systemd (kubepods.slice/.../"
-        f"cri-containerd-<id>.scope) (default {driver})",
-    )
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dracpu sim runtime",
         description="Run the simulated container runtime's NRI side (a plugin socket and a "
         "cgroup v1 or v2 cpuset tree in a directory, laid out for the cgroupfs or systemd "
@@ -66,10 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_cgroup_flags(parser, version=1, driver="cgroupfs")
     args = parser.parse_args(argv)
-    try:
-        check_cgroup_flavor(args.cgroup_version, args.cgroup_driver)
-    except CgroupLayoutError as err:
-        parser.error(str(err))
     try:
         trio.run(
             partial(

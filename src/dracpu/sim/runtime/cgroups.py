@@ -36,8 +36,9 @@ readers get a cgroup's effective set from :meth:`CgroupTree.effective_cpus`, com
 read from the chain of ``cpuset.cpus`` files (what the kernel would enforce); the daemon's
 reader falls back to ``cpuset.cpus``, as it does on every tree without effective files.
 
-``writes`` counts this tree's own writes per file (the runtime's, as runc); the daemon's
-are not seen here (see :class:`dracpu.sim.runtime.writes.WriteCounter`).
+``writes`` counts this tree's own writes per file (the runtime's, as runc). The daemon's
+writes go straight to disk and are not counted here; a test that must count them can watch
+the directories with inotify (``IN_CLOSE_WRITE`` per file, one per write of either writer).
 """
 
 from __future__ import annotations
