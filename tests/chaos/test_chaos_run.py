@@ -18,8 +18,14 @@ XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 SEED = 20261202
 
 
-@pytest.mark.parametrize(("mode", "duration"), [("grouped", 30.0), ("individual", 18.0)])
-async def test_short_chaos_run_keeps_every_invariant(mode: str, duration: float) -> None:
+# Each run on its own cgroup flavor: v2 + systemd (most nodes, the default) and v1 + cgroupfs.
+@pytest.mark.parametrize(
+    ("mode", "duration", "cgroup_version", "cgroup_driver"),
+    [("grouped", 30.0, 2, "systemd"), ("individual", 18.0, 1, "cgroupfs")],
+)
+async def test_short_chaos_run_keeps_every_invariant(
+    mode: str, duration: float, cgroup_version: int, cgroup_driver: str
+) -> None:
     plan = make_plan(SEED, duration, mode=mode)
     assert set(plan.fault_counts()) == set(FAULT_KINDS)
     result = await run_chaos(
@@ -30,6 +36,8 @@ async def test_short_chaos_run_keeps_every_invariant(mode: str, duration: float)
             sysfs_root=XEON,
             reserved_cpus="0,40",
             settle_timeout=60.0,
+            cgroup_version=cgroup_version,
+            cgroup_driver=cgroup_driver,
         )
     )
     report = format_result(result) + f"evidence: {dict(result.evidence)}; kept {result.workdir}"

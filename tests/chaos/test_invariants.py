@@ -12,6 +12,7 @@ from dracpu.sim.chaos import (
     ContainerView,
     Observation,
     PodView,
+    SandboxView,
     Violation,
     check_invariants,
     slice_devices,
@@ -45,13 +46,13 @@ def consistent() -> Observation:
         reserved=CPUSet.parse("0,8"),
         daemon_reserved=CPUSet.parse("0,8"),
         daemon_claims=dict(claims),
-        shared_pool=CPUSet.parse("3-7,12-15"),
+        shared_pool=CPUSet.parse("0,3-8,12-15"),
         checkpoint_claims=dict(claims),
         cdi_claims=dict(claims),
         kubelet_prepared={A, B},
         containers=[
             ContainerView("default/pa", "app", "c1" * 16, env_of(A, "1-2"), "1-2"),
-            ContainerView("default/pa", "sidecar", "c2" * 16, ("PATH=/bin",), "3-7,12-15"),
+            ContainerView("default/pa", "sidecar", "c2" * 16, ("PATH=/bin",), "0,3-8,12-15"),
             ContainerView("default/pb", "app", "c3" * 16, env_of(B, "9-11"), "9-11"),
         ],
         pods=[
@@ -61,6 +62,10 @@ def consistent() -> Observation:
         ],
         published_slices=copy.deepcopy(list(reversed(desired))),
         desired_slices=desired,
+        sandboxes=[
+            SandboxView("default/pa", "s1" * 16, "0,3-8,12-15"),
+            SandboxView("default/pb", "s2" * 16, "0,3-8,12-15"),  # reserved CPUs are fine
+        ],
     )
 
 
@@ -105,12 +110,12 @@ def test_offline_cpu_and_empty_claim() -> None:
 
 def test_shared_pool_must_be_everything_else() -> None:
     obs = consistent()
-    obs.shared_pool = CPUSet.parse("3-7,12-14")  # CPU 15 is in neither
+    obs.shared_pool = CPUSet.parse("3-7,12-14")  # without the reserved floor 0,8 and CPU 15
     obs.containers[1] = ContainerView("default/pa", "sidecar", "c2" * 16, (), "3-7,12-14")
     assert check_invariants(obs) == [
         Violation(
             "shared-pool-mismatch",
-            "shared pool 3-7,12-14, want 3-7,12-15 (online minus reserved minus claims)",
+            "shared pool 3-7,12-14, want 0,3-8,12-15 (online minus claims)",
         )
     ]
 
@@ -150,22 +155,69 @@ def test_claims_leaked_or_lost_against_the_kubelet() -> None:
 
 
 @pytest.mark.parametrize(
-    ("index", "cgroup", "message"),
+    ("index", "cgroup", "message", "extra"),
     [
-        (0, "1-3", "container default/pa/app (c1c1c1c1c1c1): cgroup cpuset 1-3, its claims is 1-2"),
+        (
+            0,
+            "1-3",
+            "container default/pa/app (c1c1c1c1c1c1): cgroup cpuset 1-3, its claims is 1-2",
+            [],
+        ),
         (
             1,
             "0-15",
             "container default/pa/sidecar (c2c2c2c2c2c2): cgroup cpuset 0-15, "
-            "the shared pool is 3-7,12-15",
+            "the shared pool is 0,3-8,12-15",
+            [
+                Violation(
+                    "shared-on-claimed-cpu",
+                    "container default/pa/sidecar (c2c2c2c2c2c2) holds no claim but its "
+                    "cgroup allows claimed CPUs 1-2,9-11",
+                )
+            ],
         ),
     ],
 )
-def test_cgroup_cpuset_must_be_the_intended_one(index: int, cgroup: str, message: str) -> None:
+def test_cgroup_cpuset_must_be_the_intended_one(
+    index: int, cgroup: str, message: str, extra: list[Violation]
+) -> None:
     obs = consistent()
     old = obs.containers[index]
     obs.containers[index] = ContainerView(old.pod, old.name, old.container_id, old.env, cgroup)
-    assert check_invariants(obs) == [Violation("cpuset-mismatch", message)]
+    assert check_invariants(obs) == [Violation("cpuset-mismatch", message), *extra]
+
+
+def test_no_sandbox_on_a_claimed_cpu() -> None:
+    obs = consistent()
+    obs.sandboxes.append(SandboxView("default/pc", "s3" * 16, "0-15"))  # all CPUs: v1 copy
+    obs.sandboxes.append(SandboxView("default/pd", "s4" * 16, "2,3"))
+    assert check_invariants(obs) == [
+        Violation(
+            "sandbox-on-claimed-cpu",
+            "pod sandbox of default/pc (s3s3s3s3s3s3): its cgroup allows claimed CPUs 1-2,9-11",
+        ),
+        Violation(
+            "sandbox-on-claimed-cpu",
+            "pod sandbox of default/pd (s4s4s4s4s4s4): its cgroup allows claimed CPUs 2",
+        ),
+    ]
+
+
+def test_sandboxes_and_shared_containers_may_use_every_cpu_when_nothing_is_claimed() -> None:
+    obs = consistent()
+    obs.daemon_claims = {}
+    obs.sandboxes.append(SandboxView("default/pc", "s3" * 16, "0-15"))
+    assert "sandbox-on-claimed-cpu" not in kinds(obs)
+    assert "shared-on-claimed-cpu" not in kinds(obs)
+
+
+def test_a_sandbox_without_a_cgroup_or_a_garbled_one_is_not_on_claimed_cpus() -> None:
+    obs = consistent()
+    obs.sandboxes = [
+        SandboxView("default/pa", "s1" * 16, None),
+        SandboxView("default/pb", "s2" * 16, "x-y"),
+    ]
+    assert check_invariants(obs) == []
 
 
 def test_container_env_naming_a_claim_the_daemon_lost_or_changed() -> None:
@@ -239,7 +291,7 @@ def test_slice_devices_follow_the_index_prefix() -> None:
 
 
 def with_tables(obs: Observation) -> Observation:
-    obs.daemon_intents = {"c1" * 16: "1-2", "c2" * 16: "3-7,12-15", "c3" * 16: "9-11"}
+    obs.daemon_intents = {"c1" * 16: "1-2", "c2" * 16: "0,3-8,12-15", "c3" * 16: "9-11"}
     obs.runtime_containers = {"c1" * 16, "c2" * 16, "c3" * 16}
     return obs
 
@@ -250,11 +302,11 @@ def test_the_daemon_container_table_matches_the_runtime() -> None:
     assert obs.daemon_intents is not None and obs.runtime_containers is not None
     del obs.daemon_intents["c3" * 16]
     obs.daemon_intents["c2" * 16] = "3-7"
-    obs.daemon_intents["gone" * 8] = "3-7,12-15"
+    obs.daemon_intents["gone" * 8] = "0,3-8,12-15"
     assert check_invariants(obs) == [
         Violation(
             "intent-mismatch",
-            "container default/pa/sidecar (c2c2c2c2c2c2): the daemon intends 3-7, want 3-7,12-15",
+            "container default/pa/sidecar (c2c2c2c2c2c2): the daemon intends 3-7, want 0,3-8,12-15",
         ),
         Violation(
             "intent-missing", "container default/pb/app (c3c3c3c3c3c3): the daemon does not know it"

@@ -20,14 +20,18 @@ from dracpu.sim.chaos.run import (
     format_result,
     run_chaos,
 )
+from dracpu.sim.runtime.cliflags import OneLineErrorParser, add_cgroup_flags
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog="python -m dracpu.sim.chaos",
         description="Seeded chaos run of the real daemon on the simulated node.",
+        epilog="example:\n  python -m dracpu.sim.chaos --seed 7 --duration 60 "
+        "--cgroup-version 1 --cgroup-driver cgroupfs",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the workload and faults")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of chaos per run")
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-workdir", action="store_true", help="keep the node's files")
     p.add_argument("--json", action="store_true", help="also print a JSON summary line")
     p.add_argument("-v", "--verbose", action="store_true", help="log faults on stderr")
+    add_cgroup_flags(p, version=2, driver="systemd")
     return p
 
 
@@ -72,6 +77,8 @@ def _options(args: argparse.Namespace, mode: str) -> ChaosOptions:
         intensity=args.intensity,
         keep_workdir=args.keep_workdir,
         verbose=args.verbose,
+        cgroup_version=args.cgroup_version,
+        cgroup_driver=args.cgroup_driver,
     )
 
 

@@ -141,7 +141,8 @@ async def _tamper(node: SimNode, action: Action, say: Say) -> str | None:
     try:
         container = runtime.container(cid)
         directory = runtime.tree.path_of(container.cgroups_path)
-        parent = CPUSet.parse((directory.parent / "cpuset.cpus").read_text().strip())
+        # What the pod's cgroup allows (v2: its own set is usually empty, the parent's).
+        parent = runtime.tree.effective_cpus(runtime.pod(container.pod_uid).cgroup_parent)
         current = CPUSet.parse(runtime.cpuset_of(cid))
         rng = random.Random(action.value)
         choices = sorted(parent)

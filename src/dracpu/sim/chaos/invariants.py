@@ -17,6 +17,7 @@ __all__ = [
     "ContainerView",
     "Observation",
     "PodView",
+    "SandboxView",
     "Violation",
     "check_invariants",
     "slice_devices",
@@ -41,6 +42,15 @@ class ContainerView:
     container_id: str
     env: tuple[str, ...]
     cgroup_cpus: str | None  # None: no cgroup file
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """A pod sandbox the runtime has: the CPUs its cgroup lets it use (effective set)."""
+
+    pod: str  # namespace/name
+    sandbox_id: str
+    cgroup_cpus: str | None  # None: no cgroup
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class Observation:
     # the ids of every container the runtime has; None when not looked at.
     daemon_intents: dict[str, str] | None = None
     runtime_containers: set[str] | None = None
+    sandboxes: list[SandboxView] = field(default_factory=list)
 
 
 def slice_devices(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -130,13 +141,14 @@ def _check_claims(obs: Observation, out: list[Violation]) -> CPUSet:
                 f"the daemon reserves {obs.daemon_reserved}, configured {obs.reserved}",
             )
         )
-    want_pool = obs.online - obs.reserved - union
+    # Reserved CPUs are never claimed but stay in the shared pool, as its floor (the CPU
+    # Manager keeps its reservation in its shared pool; allocation/floor.py).
+    want_pool = obs.online - union
     if obs.shared_pool != want_pool:
         out.append(
             Violation(
                 "shared-pool-mismatch",
-                f"shared pool {obs.shared_pool}, want {want_pool} (online minus reserved minus "
-                "claims)",
+                f"shared pool {obs.shared_pool}, want {want_pool} (online minus claims)",
             )
         )
     return union
@@ -241,6 +253,52 @@ def _check_containers(obs: Observation, out: list[Violation]) -> None:
         _check_cgroup(ctr, where, want, bool(env), out)
 
 
+def _claimed_overlap(cgroup_cpus: str | None, claimed: CPUSet) -> CPUSet:
+    """The claimed CPUs a cgroup's effective set includes (none when it cannot be read:
+    the other checks report that)."""
+    if cgroup_cpus is None:
+        return CPUSet()
+    try:
+        return CPUSet.parse(cgroup_cpus) & claimed
+    except CPUSetParseError:
+        return CPUSet()
+
+
+def _check_claimed_cpus(obs: Observation, out: list[Violation]) -> None:
+    """No shared container and no pod sandbox may run on a prepared claim's CPU (read from
+    the cgroup tree: each cgroup's effective set)."""
+    claimed = CPUSet()
+    for cpus in obs.daemon_claims.values():
+        claimed |= cpus
+    if not claimed:
+        return
+    for ctr in obs.containers:
+        try:
+            if parse_dra_env(ctr.env):
+                continue  # a claim holder: _check_containers compares it with its claims
+        except DRAEnvError:
+            continue  # reported as bad-env
+        overlap = _claimed_overlap(ctr.cgroup_cpus, claimed)
+        if overlap:
+            out.append(
+                Violation(
+                    "shared-on-claimed-cpu",
+                    f"container {ctr.pod}/{ctr.name} ({ctr.container_id[:12]}) holds no claim "
+                    f"but its cgroup allows claimed CPUs {overlap}",
+                )
+            )
+    for sandbox in obs.sandboxes:
+        overlap = _claimed_overlap(sandbox.cgroup_cpus, claimed)
+        if overlap:
+            out.append(
+                Violation(
+                    "sandbox-on-claimed-cpu",
+                    f"pod sandbox of {sandbox.pod} ({sandbox.sandbox_id[:12]}): its cgroup "
+                    f"allows claimed CPUs {overlap}",
+                )
+            )
+
+
 def _check_container_table(obs: Observation, out: list[Violation]) -> None:
     """The daemon forgets containers the runtime removed (else its table only grows)."""
     if obs.daemon_intents is None or obs.runtime_containers is None:
@@ -319,6 +377,7 @@ def check_invariants(obs: Observation) -> list[Violation]:
     _check_claims(obs, out)
     _check_stores(obs, out)
     _check_containers(obs, out)
+    _check_claimed_cpus(obs, out)
     _check_container_table(obs, out)
     _check_pods(obs, out)
     _check_slices(obs, out)

@@ -14,7 +14,7 @@ from dracpu import DRIVER_NAME, cdi
 from dracpu.allocation.checkpoint import CheckpointError, decode_checkpoint
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
-from dracpu.sim.chaos.invariants import ContainerView, Observation, PodView
+from dracpu.sim.chaos.invariants import ContainerView, Observation, PodView, SandboxView
 from dracpu.sim.chaos.plan import NAMESPACE
 from dracpu.sim.node import SimNode
 from dracpu.topology.discover import discover_from_root
@@ -88,7 +88,7 @@ def _kubelet_prepared(node: SimNode) -> set[str]:
 
 
 def _running_containers(node: SimNode) -> list[ContainerView]:
-    """Every container of a running pod, with its cpuset as its cgroup file holds it."""
+    """Every container of a running pod, with the CPUs its cgroup allows (effective set)."""
     containers = []
     for ref, st in sorted(node.pod_states().items()):
         if st["phase"] != "Running":
@@ -100,6 +100,20 @@ def _running_containers(node: SimNode) -> list[ContainerView]:
                 cpus = None
             containers.append(ContainerView(ref, name, ctr["id"], tuple(ctr["env"]), cpus))
     return containers
+
+
+def _sandboxes(node: SimNode) -> list[SandboxView]:
+    """Every pod sandbox the runtime has, with the CPUs its cgroup allows."""
+    if node.runtime is None:
+        return []
+    views = []
+    for pod in sorted(node.runtime.pods, key=lambda p: (p.namespace, p.name)):
+        try:
+            cpus: str | None = node.runtime.sandbox_cpuset_of(pod.uid)
+        except (KeyError, OSError):
+            cpus = None
+        views.append(SandboxView(f"{pod.namespace}/{pod.name}", pod.id, cpus))
+    return views
 
 
 def _published_slices(node: SimNode) -> list[dict[str, Any]]:
@@ -138,5 +152,11 @@ async def observe_node(
         published_slices=_published_slices(node),
         desired_slices=desired,
         daemon_intents={str(c["id"]): str(c["cpus"]) for c in state.get("containers") or []},
-        runtime_containers={c.id for c in node.runtime.containers} if node.runtime else None,
+        # Sandboxes are containers too (the pause container): the daemon tracks both.
+        runtime_containers=(
+            {c.id for c in node.runtime.containers} | {p.id for p in node.runtime.pods}
+            if node.runtime
+            else None
+        ),
+        sandboxes=_sandboxes(node),
     )

@@ -64,6 +64,9 @@ class ChaosOptions:
     workdir: str | None = None
     keep_workdir: bool = False
     verbose: bool = False
+    # The simulated node's cgroup hierarchy and driver (v2 + systemd, as most nodes run).
+    cgroup_version: int = 2
+    cgroup_driver: str = "systemd"
 
 
 @dataclass
@@ -348,6 +351,8 @@ async def run_chaos(opts: ChaosOptions) -> ChaosResult:
         # Shorter than the kubelet's default so a pod that failed during the chaos is retried
         # soon after it ends; the retry logic itself is the same.
         kubelet_backoff=Backoff(initial=0.5, maximum=4.0),
+        cgroup_version=opts.cgroup_version,
+        cgroup_driver=opts.cgroup_driver,
     )
     chaos = ChaosRun(opts, plan, node)
     try:

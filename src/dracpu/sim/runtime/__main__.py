@@ -6,23 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
-from typing import NoReturn
 
 import trio
 
-from dracpu.sim.runtime.cliflags import add_cgroup_flags
+from dracpu.sim.runtime.cliflags import OneLineErrorParser, add_cgroup_flags
 from dracpu.sim.runtime.simulator import UPDATE_MODES, main_runtime
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line on stderr (no usage block), exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(
+    parser = OneLineErrorParser(
         prog="dracpu sim runtime",
         description="Run the simulated container runtime's NRI side (a plugin socket and a "
         "cgroup v1 or v2 cpuset tree in a directory, laid out for the cgroupfs or systemd "

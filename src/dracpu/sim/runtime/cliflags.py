@@ -4,10 +4,18 @@ simulated node (``dracpu sim runtime``, ``dracpu demo``, the chaos run), defined
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from dracpu.sim.runtime.layout import CGROUP_DRIVERS
 
-__all__ = ["add_cgroup_flags", "cgroup_version_arg"]
+__all__ = ["OneLineErrorParser", "add_cgroup_flags", "cgroup_version_arg"]
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse whose bad-flag error is one line on stderr (no usage block), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
 
 
 def cgroup_version_arg(text: str) -> int:
