@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dracpu.sim.chaos import FAULT_KINDS, ChaosOptions, format_result, make_plan, run_chaos
+from dracpu.sim.chaos import FAULT_KINDS, ChaosOptions, format_result, main, make_plan, run_chaos
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 SEED = 20261202
@@ -53,3 +53,20 @@ async def test_short_chaos_run_keeps_every_invariant(
     assert result.evidence["daemon_starts"] >= 2, report
     assert report.startswith(f"faults_injected: {sum(plan.fault_counts().values())}\n")
     assert "invariant_violations: 0\n" in report
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cgroup-version", "0"], "argument --cgroup-version: must be 1 or 2, got '0'"),
+        (["--cgroup-driver", "x"], "argument --cgroup-driver: invalid choice: 'x'"),
+    ],
+)
+def test_bad_cgroup_flags_are_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"python -m dracpu.sim.chaos: {message}")

@@ -68,6 +68,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
             f"usage: dracpu sim {'|'.join(SIM_SUBCOMMANDS)} [flags]\n\n"
             "Run parts of the simulated node on their own.\n\n"
             "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
+            "  dracpu sim runtime --socket /tmp/nri.sock --cgroup-root /tmp/cg "
+            "--cgroup-version 2 --cgroup-driver systemd\n"
         )
         if not argv:
             raise CLIError(f"sim requires a subcommand; supported subcommands: {supported}")
