@@ -9,14 +9,22 @@ runtime has applied them (1,000 cpuset.cpus writes) and answered; median of 7 ru
 
 `pool_convergence_1000_ms` is the same pool change with the simulator in containerd-drop
 mode (the runtime says yes and applies nothing): from the state owner's SharedPoolChanged
-through the pool pusher and the verifier's read-back to the last of the 1,000 cgroups
-written by dracpu itself; median of 5 runs. `reconnect_after_socket_ms` is a runtime
+through the pool pusher and the verifier's pass to the last of the 1,000 cgroups written by
+dracpu itself; median of 5 runs. `pool_convergence_applied_1000_ms` is the same change with
+the runtime applying it: from SharedPoolChanged until its UpdateContainers reply, when every
+cgroup holds the pool; median of 5 runs alternated with the dropped ones.
+`pool_convergence_dropped_vs_applied_1000` is their ratio (target 1.5 at most), and
+`writes_per_container_per_change` counts every write of a shared container's cpuset.cpus,
+the runtime's and dracpu's (verifier, fallback, drift watcher running with inotify), over
+those 10 changes (target 1.0: no cgroup written twice for one change).
+`reconnect_after_socket_ms` is a runtime
 restart: from the runtime binding its socket again to the session synchronized; median of
 5 restarts.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -34,7 +42,9 @@ import trio
 
 from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
+from dracpu.cgroupfs import blocking_writer
 from dracpu.cgroupfs.verify import Verifier
+from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import VerifyCpusets
@@ -92,10 +102,47 @@ async def _main(sock_dir: str, cgroup_root: str) -> None:
             assert not failed, failed
         print(f"pool_update_1000_ms: {statistics.median(runs) * 1000:.3f}")
         converge = await _pool_convergence(nursery, sim, state, plugin, session, cgroup_root)
-        print(f"pool_convergence_1000_ms: {converge * 1000:.3f}")
+        print(f"pool_convergence_1000_ms: {converge['dropped'] * 1000:.3f}")
+        print(f"pool_convergence_applied_1000_ms: {converge['applied'] * 1000:.3f}")
+        ratio = converge["dropped"] / converge["applied"]
+        print(f"pool_convergence_dropped_vs_applied_1000: {ratio:.2f}")
+        print(f"writes_per_container_per_change: {converge['writes']:.3f}")
         reconnect = await _reconnect(sim, session)
         print(f"reconnect_after_socket_ms: {reconnect * 1000:.3f}")
         nursery.cancel_scope.cancel()
+
+
+class _TimedSession:
+    """The NRI session as the pool pusher sees it, noting when UpdateContainers returned
+    (with the runtime applying, that is when every cgroup holds the new pool)."""
+
+    def __init__(self, session: NRISession) -> None:
+        self._session = session
+        self.returned = 0.0
+
+    async def update_containers(self, updates: Any) -> list[str]:
+        failed = await self._session.update_containers(updates)
+        self.returned = time.perf_counter()
+        return failed
+
+
+class _WriteCounter:
+    """dracpu's own cgroupfs writes, by file (the bench patches the writer's file write)."""
+
+    def __init__(self) -> None:
+        self.writes: collections.Counter[str] = collections.Counter()
+        self._real = blocking_writer.write_cgroup_file
+
+    def __enter__(self) -> _WriteCounter:
+        def counting(path: str, value: str) -> None:
+            self.writes[path] += 1
+            self._real(path, value)
+
+        blocking_writer.write_cgroup_file = counting  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        blocking_writer.write_cgroup_file = self._real  # type: ignore[assignment]
 
 
 async def _pool_convergence(
@@ -105,35 +152,65 @@ async def _pool_convergence(
     plugin: NRIPlugin,
     session: NRISession,
     cgroup_root: str,
-) -> float:
+) -> dict[str, float]:
+    """One pool change at a time, alternately applied by the runtime and dropped by it
+    (containerd-drop: it says yes and writes nothing), with the verifier, the pusher and
+    the drift watcher (inotify on) running as in the daemon. Returns the median time until
+    every cgroup holds the new pool per mode, and the writes per container and change of
+    every writer (the runtime's and dracpu's)."""
     verify_send, verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
-    verifier = _SignallingVerifier(CgroupWriter(cgroup_root), plugin.intents)
-    pusher = PoolPusher(state.pool_changes(), plugin, session, verify=verify_send)
+    writer = CgroupWriter(cgroup_root)
+    verifier = _SignallingVerifier(writer, plugin.intents_of)
+    timed = _TimedSession(session)
+    pusher = PoolPusher(state.pool_changes(), plugin, timed, verify=verify_send)  # type: ignore[arg-type]
+    watcher = DriftWatcher(
+        writer, plugin.intents, lambda: state.shared_pool.format(), interval=10.0
+    )
     await nursery.start(verifier.run, verify_recv)
     await nursery.start(pusher.run)
-    sim.set_update_mode("containerd-drop")
-    shared = [c.id for c in sim.containers if c.pod_uid == "shared"]
-    runs: list[float] = []
-    for run in range(CONVERGE_RUNS):
-        plan = ClaimPlan(
-            record=ClaimRecord(uid=f"C{run}", cpus=CPUSet.parse("8-15"), devices=DEVICE)
-        )
-        if run % 2 == 0:
-            state.begin_prepare(plan)
-            state.finish_prepare(plan)
-        else:
-            state.begin_unprepare(f"C{run - 1}")
-            state.finish_unprepare(f"C{run - 1}")
-        want = state.shared_pool.format()
-        start = time.perf_counter()
-        # Woken by the verifier's pass itself: a polling loop here would take the GIL
-        # from the verifier's worker thread a thousand times a second.
-        while verifier.rewritten < len(shared) * (run + 1):
+    await nursery.start(watcher.run)
+    shared = [c for c in sim.containers if c.pod_uid == "shared"]
+    leaf_files = {f"{writer.directory_of(c.cgroups_path)}/cpuset.cpus" for c in shared}
+    runs: dict[str, list[float]] = {"apply": [], "containerd-drop": []}
+    changes = 0
+    runtime_writes = 0
+    with _WriteCounter() as counter:
+        for run in range(2 * CONVERGE_RUNS):
+            # Prepare and unprepare alternate; each mode sees both (apply, drop, drop,
+            # apply, ...), so neither times only the pool growing or only it shrinking.
+            mode = "apply" if run % 4 in (0, 3) else "containerd-drop"
+            sim.set_update_mode(mode)
+            before = sum(sim.tree.write_count(c.cgroups_path) for c in shared)
+            plan = ClaimPlan(
+                record=ClaimRecord(uid=f"C{run}", cpus=CPUSet.parse("8-15"), devices=DEVICE)
+            )
+            if run % 2 == 0:
+                state.begin_prepare(plan)
+                state.finish_prepare(plan)
+            else:
+                state.begin_unprepare(f"C{run - 1}")
+                state.finish_unprepare(f"C{run - 1}")
+            want = state.shared_pool.format()
+            start = time.perf_counter()
+            # Woken by the verifier's pass itself: a polling loop here would take the GIL
+            # from the verifier's worker thread a thousand times a second.
             await verifier.wait_pass()
-        runs.append(time.perf_counter() - start)
-        assert all(sim.cpuset_of(c) == want for c in shared), "a cgroup did not converge"
+            held = timed.returned if mode == "apply" else time.perf_counter()
+            runs[mode].append(held - start)
+            assert all(sim.cpuset_of(c.id) == want for c in shared), "a cgroup did not converge"
+            # Let whatever the writes woke in the drift watcher run before counting.
+            await trio.sleep(0.3)
+            runtime_writes += sum(sim.tree.write_count(c.cgroups_path) for c in shared) - before
+            changes += 1
+        dracpu_writes = sum(n for path, n in counter.writes.items() if path in leaf_files)
     sim.set_update_mode("apply")
-    return statistics.median(runs)
+    applied = statistics.median(runs["apply"])
+    dropped = statistics.median(runs["containerd-drop"])
+    return {
+        "applied": applied,
+        "dropped": dropped,
+        "writes": (runtime_writes + dracpu_writes) / (len(shared) * changes),
+    }
 
 
 async def _create_round_trips(sock_dir: str, cgroup_root: str, cpus: CPUSet) -> None:

@@ -36,6 +36,8 @@ def _parse_id(text: str, item: str, part: str) -> int:
 
 
 # Parsed strings (see CPUSet.parse); bounded, so hostile strings cannot grow it.
+_FORMATTED: dict[int, str] = {}
+_FORMATTED_BITS_LIMIT = 8192
 _PARSED: dict[str, CPUSet] = {}
 _PARSED_LIMIT = 1024
 _PARSED_KEY_LIMIT = 256
@@ -196,6 +198,20 @@ class CPUSet:
 
     # -- formatting ---------------------------------------------------------------------
     def format(self) -> str:
+        # The same few sets (the pool, the claims) are formatted for every cgroup written:
+        # their text is kept, as parsed sets are.
+        mask = self._mask
+        cached = _FORMATTED.get(mask)
+        if cached is not None:
+            return cached
+        text = self._format()
+        if mask.bit_length() <= _FORMATTED_BITS_LIMIT:  # no hostile-sized keys kept
+            if len(_FORMATTED) >= _PARSED_LIMIT:
+                _FORMATTED.clear()
+            _FORMATTED[mask] = text
+        return text
+
+    def _format(self) -> str:
         parts: list[str] = []
         mask = self._mask
         base = 0

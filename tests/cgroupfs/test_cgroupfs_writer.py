@@ -368,7 +368,7 @@ async def test_verifier_never_writes_back_a_set_the_owner_moved_on_from(tmp_path
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-5")
     writer = CgroupWriter(str(root))
     owner = {"c1": intent("c1", cpus="0-5")}
-    verifier = Verifier(writer, lambda: list(owner.values()))
+    verifier = Verifier(writer, lambda ids: {i: owner[i] for i in ids if i in owner})
     await trio.to_thread.run_sync(writer._lock.acquire)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(verifier.verify, VerifyCpusets(intents=(owner["c1"],), cause="pool"))

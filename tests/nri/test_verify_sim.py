@@ -57,7 +57,7 @@ async def verified_node(short_tmp: str, cgroup_root: Path) -> AsyncIterator[Node
         registry = CollectorRegistry()
         metrics = DriverMetrics(registry)
         writer = CgroupWriter(str(cgroup_root), metrics=metrics)
-        verifier = Verifier(writer, sim.plugin.intents, metrics=metrics)
+        verifier = Verifier(writer, sim.plugin.intents_of, metrics=metrics)
         send, receive = trio.open_memory_channel[VerifyCpusets](math.inf)
         pusher = PoolPusher(sim.state.pool_changes(), sim.plugin, sim.session, verify=send)
         sim.session._verify = send

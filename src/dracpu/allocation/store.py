@@ -389,10 +389,14 @@ class ContainerState:
         self._pods: dict[str, dict[str, ContainerRecord]] = {}
         # Used as an ordered set: updates to shared containers go out in a stable order.
         self._shared: dict[str, None] = {}
-        self._ids: set[str] = set()
+        self._by_id: dict[str, ContainerRecord] = {}
 
     def get(self, pod_uid: str, name: str) -> ContainerRecord | None:
         return self._pods.get(pod_uid, {}).get(name)
+
+    def by_id(self, container_id: str) -> ContainerRecord | None:
+        """The container with this runtime id, if known."""
+        return self._by_id.get(container_id)
 
     def set(self, record: ContainerRecord) -> ContainerRecord | None:
         """Record a container, replacing an older one of the same (pod, name); returns it."""
@@ -400,9 +404,9 @@ class ContainerState:
         old = containers.get(record.name)
         if old is not None:
             self._shared.pop(old.container_id, None)
-            self._ids.discard(old.container_id)
+            self._by_id.pop(old.container_id, None)
         containers[record.name] = record
-        self._ids.add(record.container_id)
+        self._by_id[record.container_id] = record
         if record.is_shared:
             self._shared[record.container_id] = None
         return old
@@ -419,12 +423,12 @@ class ContainerState:
         if not containers:
             del self._pods[pod_uid]
         self._shared.pop(container_id, None)
-        self._ids.discard(container_id)
+        self._by_id.pop(container_id, None)
         return record
 
     def __contains__(self, container_id: object) -> bool:
         """Whether a container with this runtime id is known."""
-        return container_id in self._ids
+        return container_id in self._by_id
 
     def shared_container_ids(self) -> list[str]:
         return list(self._shared)

@@ -74,6 +74,13 @@ class BlockingCgroupWriter:
         # The fallback loop and the watcher write from worker threads; a parent's widening
         # is read-modify-write, so two writes must not interleave.
         self._lock = threading.Lock()
+        # Directories any writer of this process wrote since the drift watcher last took
+        # them: inotify reports dracpu's own writes too, and those are no news to it. A
+        # lock of its own, so taking them never waits for a pass in flight.
+        self._written: set[str] = set()
+        self._written_lock = threading.Lock()
+        self._no_effective: set[str] = set()
+        self._ancestor_lists: dict[str, list[str]] = {}
 
     # -- paths and reads --------------------------------------------------------------
     @property
@@ -111,16 +118,27 @@ class BlockingCgroupWriter:
     def forget(self, cgroups_path: str) -> None:
         """Drop a cached path whose directory is gone (any thread)."""
         with self._paths_lock:
-            self._paths.pop(cgroups_path, None)
+            directory = self._paths.pop(cgroups_path, None)
+            if directory is not None:
+                self._no_effective.discard(f"{directory}/{self.layout.effective_cpus_file}")
+                self._no_effective.discard(f"{directory}/{self.layout.effective_mems_file}")
 
     def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then
         # the best available answer. On a real kernel the effective file always exists.
-        path = f"{directory}/{effective_file}"
-        text = read_if_present(path)
-        if text is None:
-            path = f"{directory}/{fallback}"
-            text = read_cgroup_file(path)
+        # A cgroup seen without one is remembered (a kernel cgroup's files are fixed when
+        # it is made), so its read-back after a write does not fail an open first.
+        key = f"{directory}/{effective_file}"
+        if key not in self._no_effective:
+            text = read_if_present(key)
+            if text is not None:
+                return parse_set(key, text)
+        path = f"{directory}/{fallback}"
+        text = read_cgroup_file(path)
+        with self._paths_lock:
+            if len(self._no_effective) >= _PATH_CACHE_LIMIT:
+                self._no_effective.clear()
+            self._no_effective.add(key)
         return parse_set(path, text)
 
     def read_effective_cpus(self, directory: str) -> CPUSet:
@@ -136,9 +154,17 @@ class BlockingCgroupWriter:
 
     # -- the write ----------------------------------------------------------------------
     def _ancestors(self, directory: str) -> list[str]:
-        hierarchy = self.layout.hierarchy.rstrip("/")
-        rel = directory[len(hierarchy) + 1 :].split("/")
-        return [hierarchy + "/" + "/".join(rel[:i]) for i in range(1, len(rel))]
+        # The same few pod and QoS levels for every container: computed once per directory
+        # (bounded like the path cache; called under the writer's lock).
+        ancestors = self._ancestor_lists.get(directory)
+        if ancestors is None:
+            hierarchy = self.layout.hierarchy.rstrip("/")
+            rel = directory[len(hierarchy) + 1 :].split("/")
+            ancestors = [hierarchy + "/" + "/".join(rel[:i]) for i in range(1, len(rel))]
+            if len(self._ancestor_lists) >= _PATH_CACHE_LIMIT:
+                self._ancestor_lists.clear()
+            self._ancestor_lists[directory] = ancestors
+        return ancestors
 
     def _plan(
         self, directory: str, file: str, target: CPUSet, cache: _SetCache
@@ -170,16 +196,34 @@ class BlockingCgroupWriter:
 
     def _apply(self, writes: Iterable[CpusetWrite], cache: _SetCache) -> None:
         for w in writes:
+            with self._written_lock:
+                if len(self._written) >= _PATH_CACHE_LIMIT:
+                    self._written.clear()  # nobody takes them: no watcher runs
+                self._written.add(w.directory)
             write_cgroup_file(w.path, w.value)
             cache.values[w.path] = CPUSet.parse(w.value)
 
+    def take_written_dirs(self) -> set[str]:
+        """The directories written since the last call (any thread, never waits for a
+        write in progress)."""
+        with self._written_lock:
+            written, self._written = self._written, set()
+        return written
+
     def _write(
-        self, intent: ContainerIntent, cache: _SetCache, *, only_if_differs: bool = False
+        self,
+        intent: ContainerIntent,
+        cache: _SetCache,
+        *,
+        only_if_differs: bool = False,
+        just_read: bool = False,
     ) -> WriteOutcome:
         cpus = _intent_set(intent, "cpus", intent.cpus)
         mems = _intent_set(intent, "mems", intent.mems) if intent.mems else None
         directory = self.directory_of(intent.cgroups_path)
-        if not os.path.isdir(directory):
+        # ``just_read``: the pass read this cgroup a moment ago, under the same hold of
+        # the lock; a cgroup removed since then fails the write itself with ENOENT.
+        if not just_read and not os.path.isdir(directory):
             self.forget(intent.cgroups_path)
             raise CgroupWriteError(directory, errno_mod.ENOENT, "no such cgroup directory")
         if only_if_differs and not self._differs(intent):
@@ -235,7 +279,7 @@ class BlockingCgroupWriter:
         intents: Iterable[ContainerIntent],
         still_wanted: Callable[[list[ContainerIntent]], list[ContainerIntent]],
         *,
-        chunk: int = 32,
+        chunk: int = 128,
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
         """One pass of reads and writes: read each container's effective set back and,
         every ``chunk`` containers that differ (and at the end), ask ``still_wanted``
@@ -256,14 +300,18 @@ class BlockingCgroupWriter:
                 except (CgroupWriteError, CgroupIntentError) as exc:
                     results.append((intent, exc))
                 if len(differing) >= chunk:
-                    results += self._write_all(still_wanted(differing))
+                    results += self._write_all(still_wanted(differing), just_read=True)
                     differing = []
             if differing:
-                results += self._write_all(still_wanted(differing))
+                results += self._write_all(still_wanted(differing), just_read=True)
         return results
 
     def _write_all(
-        self, intents: Iterable[ContainerIntent], *, only_if_differs: bool = False
+        self,
+        intents: Iterable[ContainerIntent],
+        *,
+        only_if_differs: bool = False,
+        just_read: bool = False,
     ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
         # Under the lock, held for the batch: the cached ancestor sets stay true only
         # while no other write can change them.
@@ -271,9 +319,10 @@ class BlockingCgroupWriter:
         results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
         for intent in intents:
             try:
-                results.append(
-                    (intent, self._write(intent, cache, only_if_differs=only_if_differs))
+                outcome = self._write(
+                    intent, cache, only_if_differs=only_if_differs, just_read=just_read
                 )
+                results.append((intent, outcome))
             except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
                 # A failed write may have left the cache describing a write that did not
                 # happen; drop it rather than plan the next one on a guess.

@@ -45,7 +45,7 @@ from dracpu.cgroupfs.drift import (
 )
 from dracpu.cgroupfs.inotify import IN_IGNORED, Inotify, InotifyEvent, open_inotify
 from dracpu.cgroupfs.paths import CgroupPathError
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, WriteOutcome
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
 from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
@@ -157,7 +157,6 @@ class DriftWatcher:
         self._wakeup = trio.Event()
         self._checking = False
         self._held_events: list[InotifyEvent] = []
-        self._written_dirs: set[str] = set()
         self._inotify_active = False
         self._watched_dirs = 0
 
@@ -194,7 +193,6 @@ class DriftWatcher:
             return self._finish(DriftReport(errors=1, error_messages=(str(exc),)))
         self._hierarchy_missing = False
         errors: list[str] = []
-        self._written_dirs = set()
         before = self._ask_view(from_thread)
         known = self._read_known(before.intents.values(), errors)
         off_intent = find_drift(known.readable, known.effective)
@@ -269,7 +267,6 @@ class DriftWatcher:
         unknown containers count as repairs; pod sandboxes only under their own cause."""
         written = 0
         for intent, result in self.writer.write_many(intents, only_if_differs=True):
-            self._note_written(result)
             if isinstance(result, Exception):
                 message = f"{words.where(intent)}: {words.failed}{result}"
             elif not result.ok:
@@ -349,10 +346,6 @@ class DriftWatcher:
             # A known container's directory needs no walk: it is not new.
             stack.extend(d for d in subdirs if d not in known)
 
-    def _note_written(self, result: WriteOutcome | Exception) -> None:
-        if not isinstance(result, Exception):
-            self._written_dirs.update(w.directory for w in result.writes)
-
     # -- Trio side ----------------------------------------------------------------------
     def poke(self) -> None:
         """Ask for a check now (the NRI session went down, the shared pool changed...)."""
@@ -406,23 +399,31 @@ class DriftWatcher:
     def _after_check(self, notify: Inotify) -> None:
         events = self._held_events + notify.read_events()
         self._held_events = []
-        # Events in directories this check wrote are its own repairs echoing back; any
-        # other (a write behind our back, a new cgroup) means look again.
-        foreign = [
-            ev
-            for ev in events
-            if not ev.mask & IN_IGNORED and notify.path_of(ev.wd) not in self._written_dirs
-        ]
+        foreign = self._foreign(notify, events)
         self._watch_scanned(notify)
         self._watched_dirs = notify.watched
         if foreign:
             self.poke()
 
+    def _foreign(self, notify: Inotify, events: list[InotifyEvent]) -> list[InotifyEvent]:
+        """Events in directories dracpu itself wrote (this check's repairs, the verifier's
+        pass, the fallback) are echoes; any other (a write behind our back, a new cgroup)
+        means look again."""
+        ours = self.writer.take_written_dirs()
+        return [
+            ev for ev in events if not ev.mask & IN_IGNORED and notify.path_of(ev.wd) not in ours
+        ]
+
     async def _read_inotify(self, notify: Inotify) -> None:
         while True:
             await trio.lowlevel.wait_readable(notify.fd)
+            # A pass writing a thousand cgroups makes a thousand events: take them in one
+            # read after the settle time rather than waking the Trio thread for each (the
+            # worker thread writing them would wait for the interpreter every time).
+            if self.settle > 0:
+                await trio.sleep(self.settle)
             events = notify.read_events()
             if self._checking:
                 self._held_events += events
-            elif events:
+            elif self._foreign(notify, events):
                 self.poke()

@@ -403,7 +403,7 @@ class Daemon:
             verify=self._verify_send,
             metrics=self.metrics,
         )
-        self.verifier = Verifier(self.writer, self.plugin.intents, metrics=self.metrics)
+        self.verifier = Verifier(self.writer, self.plugin.intents_of, metrics=self.metrics)
         self.watcher = DriftWatcher(
             self.writer,
             self.plugin.intents,

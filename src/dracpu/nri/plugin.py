@@ -36,7 +36,7 @@ skipped during Synchronize (no state, no update), exactly as upstream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
@@ -150,27 +150,49 @@ class NRIPlugin:
         pool is empty); a claim holder runs on its claims' CPUs (a holder whose claims are
         all gone from the store follows the shared pool).
         """
+        pool = self._state.shared_pool
+        out: list[ContainerIntent] = self.sandbox_intents()
+        for record in self._state.containers:
+            intent = self._intent(record, pool)
+            if intent is not None:
+                out.append(intent)
+        return out
+
+    def intents_of(self, ids: Iterable[str]) -> dict[str, ContainerIntent]:
+        """:meth:`intents` for these container or sandbox ids only (unknown ids and those
+        with nothing to run on are left out): what a writer asks right before it writes,
+        without building every container's intent each time."""
         state = self._state
         pool = state.shared_pool
-        out: list[ContainerIntent] = self.sandbox_intents()
-        for record in state.containers:
-            cpus = state.holder_cpus(record.claim_uids) if record.claim_uids else CPUSet()
-            mems = state.mems(cpus)
-            if not cpus:
-                cpus = pool
-            if not cpus:
-                continue
-            out.append(
-                ContainerIntent(
-                    container_id=record.container_id,
-                    cgroups_path=record.cgroups_path,
-                    cpus=cpus.format(),
-                    mems=mems,
-                    pod_uid=record.pod_uid,
-                    name=record.name,
-                )
-            )
+        out: dict[str, ContainerIntent] = {}
+        for cid in ids:
+            record = state.containers.by_id(cid)
+            if record is not None:
+                intent = self._intent(record, pool)
+            elif cid in state.sandboxes and pool:
+                intent = _sandbox_intent(state.sandboxes[cid], pool.format())
+            else:
+                intent = None
+            if intent is not None:
+                out[cid] = intent
         return out
+
+    def _intent(self, record: ContainerRecord, pool: CPUSet) -> ContainerIntent | None:
+        state = self._state
+        cpus = state.holder_cpus(record.claim_uids) if record.claim_uids else CPUSet()
+        mems = state.mems(cpus)
+        if not cpus:
+            cpus = pool
+        if not cpus:
+            return None
+        return ContainerIntent(
+            container_id=record.container_id,
+            cgroups_path=record.cgroups_path,
+            cpus=cpus.format(),
+            mems=mems,
+            pod_uid=record.pod_uid,
+            name=record.name,
+        )
 
     # -- events -----------------------------------------------------------------------------
     def create_container(
