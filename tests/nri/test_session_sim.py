@@ -13,6 +13,7 @@ import trio.testing
 from nri_sim_node import SimNode, reconnects, sim_node
 
 from dracpu.nri.plugin import EMPTY_SHARED_POOL
+from dracpu.nri.session import NRI_API_VERSION
 from dracpu.sim.runtime import ContainerCreateError
 
 
@@ -22,6 +23,9 @@ async def test_lifecycle_shared_then_guaranteed_then_restart(
     async with sim_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim
         assert node.session.runtime_name == "dracpu-sim"
+        # Both sides announce their NRI version, as containerd and the official stub do.
+        assert sim.plugin_nri_version == NRI_API_VERSION
+        assert node.session.describe()["runtime_nri_version"] == sim.nri_version
         await sim.create_pod("p0", "shared")
         s1 = await sim.create_container("p0", "s1")
         s2 = await sim.create_container("p0", "s2")

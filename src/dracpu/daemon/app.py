@@ -181,6 +181,7 @@ class Daemon:
                     "name": i.name,
                     "cpus": i.cpus,
                     "cgroupsPath": i.cgroups_path,
+                    **({"sandbox": True} if i.sandbox else {}),
                 }
                 for i in self.plugin.intents()
             ]

@@ -146,6 +146,7 @@ class _Plugin:
     stream: trio.SocketStream
     name: str = ""
     idx: str = ""
+    nri_version: str = ""
     events: int = 0
     registered: trio.Event = field(default_factory=trio.Event)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -199,6 +200,8 @@ class RuntimeSimulator:
         self.register_reply_after_sync = register_reply_after_sync
         self.runtime_name = runtime_name
         self.runtime_version = runtime_version
+        # The NRI release the simulated adaptation layer speaks (ConfigureRequest field 6).
+        self.nri_version = "v0.12.2"
         self._pods: dict[str, SimPod] = {}
         self._containers: dict[str, SimContainer] = {}
         self._lock = trio.Lock()
@@ -245,6 +248,11 @@ class RuntimeSimulator:
     def sandbox_cpuset_of(self, pod_uid: str) -> str:
         """The CPUs the kernel would let the pod's sandbox (pause container) use."""
         return self.tree.effective_cpus(self._pods[pod_uid].cgroups_path).format()
+
+    @property
+    def plugin_nri_version(self) -> str:
+        """The NRI version the connected plugin announced at RegisterPlugin ("" if none)."""
+        return self._plugin.nri_version if self._plugin is not None else ""
 
     @property
     def plugin_ready(self) -> bool:
@@ -435,6 +443,14 @@ class RuntimeSimulator:
             if reg is None:
                 return
             plugin.name, plugin.idx = reg.plugin_name, reg.plugin_idx
+            plugin.nri_version = reg.nri_version
+            # As containerd's adaptation logs it (pkg/adaptation/plugin.go RegisterPlugin).
+            log.info(
+                "plugin %s-%s registered (with NRI version %s)",
+                reg.plugin_idx,
+                reg.plugin_name,
+                reg.nri_version or "unknown",
+            )
             if plugin.registered.is_set():
                 await plugin.peer.respond(request.stream_id, b"")
                 return
@@ -470,6 +486,7 @@ class RuntimeSimulator:
             runtime_version=self.runtime_version,
             registration_timeout=int(self.registration_timeout * 1000),
             request_timeout=int(self.request_timeout * 1000),
+            nri_version=self.nri_version,
         )
         async with self._lock:
             try:
