@@ -280,6 +280,18 @@ def test_introspect_allocate_reserved(capsys: pytest.CaptureFixture[str]) -> Non
     assert os.path.isdir(root)
 
 
+def test_introspect_slices_says_why_a_one_cpu_node_publishes_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Its only core is the shared pool's floor, as in the daemon.
+    code, out, err = run(capsys, "introspect", "slices", "--sysfs-root", VM_1CPU)
+    assert (code, out) == (0, "")
+    assert err == (
+        "dracpu: no devices to publish: CPUs 0 of this node are reserved, isolated or kept "
+        "in the shared pool\n"
+    )
+
+
 def test_introspect_slices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     root = str(FIXTURES / "epyc-nps4")
     code, out, err = run(

@@ -188,8 +188,16 @@ def _slices(argv: Sequence[str]) -> int:
         expose_pcie_roots=args.expose_pcie_roots,
         publish_node_allocatable=config.publishNodeAllocatableResourceMapping,
     )
+    inventory = build_inventory(topo, settings)
+    if not inventory.devices:
+        # As the daemon, which publishes nothing then: say why rather than print nothing.
+        print(
+            f"dracpu: no devices to publish: CPUs {unpublished.format()} of this node are "
+            "reserved, isolated or kept in the shared pool",
+            file=sys.stderr,
+        )
     slices = build_slices(
-        build_inventory(topo, settings),
+        inventory,
         node_name=node,
         node_uid="",
         expose_pcie_roots=args.expose_pcie_roots,
