@@ -77,10 +77,12 @@ def _marks(
         legend.append((mark, label, cpus))
         for cpu in cpus:
             owner[cpu] = mark
-    for cpu in shared:
-        owner.setdefault(cpu, SHARED_MARK)
+    # Reserved CPUs are the shared pool's floor (allocation/floor.py): in the pool, but
+    # marked as reserved.
     for cpu in reserved:
         owner.setdefault(cpu, RESERVED_MARK)
+    for cpu in shared:
+        owner.setdefault(cpu, SHARED_MARK)
     free_isolated = CPUSet(c for c in isolated if c not in owner)
     for cpu in free_isolated:
         owner[cpu] = ISOLATED_MARK

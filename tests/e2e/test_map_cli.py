@@ -42,7 +42,8 @@ async def test_map_of_a_running_daemon(short_tmp: str) -> None:
     assert lines[2].startswith("  Socket 1 · NUMA 1 · L3 1   ")
     assert lines[2].endswith(".r")  # CPU 79 is reserved: the second thread of the last core
     assert f"    A  default/four  {cpus} (4 CPUs)" in lines
-    assert f"    .  shared pool   {state['sharedPool']} (75 CPUs)" in lines
+    # The reserved CPU is the pool's floor: shared, and marked r.
+    assert f"    .  shared pool   {state['sharedPool']} (76 CPUs)" in lines
     assert "    r  reserved      79 (1 CPU)" in lines
     assert json.dumps(state)  # the document the map was drawn from is plain JSON
 

@@ -56,9 +56,16 @@ def shared_floor(topo: Topology, reserved: CPUSet) -> SharedFloor:
 
 
 def unpublished_cpus(
-    topo: Topology, reserved: CPUSet, floor: SharedFloor, *, publish_isolated: bool
+    topo: Topology,
+    reserved: CPUSet,
+    floor: SharedFloor | None = None,
+    *,
+    publish_isolated: bool,
 ) -> CPUSet:
-    """Pure: CPUs that are neither devices nor allocatable: the reserved ones, the floor,
-    and the isolated ones unless ``publishIsolatedCPUs`` is on."""
+    """Pure: CPUs that are neither devices nor allocatable: the reserved ones, the floor
+    (``shared_floor`` of these when not given), and the isolated ones unless
+    ``publishIsolatedCPUs`` is on."""
+    if floor is None:
+        floor = shared_floor(topo, reserved)
     kept = reserved | floor.cpus
     return kept if publish_isolated else kept | topo.isolated

@@ -71,7 +71,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
 
     import trio
 
-    from dracpu.allocation.floor import shared_floor, unpublished_cpus
+    from dracpu.allocation.floor import unpublished_cpus
     from dracpu.demo.runner import DemoError, DemoOptions, run_demo
     from dracpu.demo.scenario import ScenarioError, default_scenario, load_scenario
 
@@ -92,11 +92,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
                 topo,
                 mode=args.cpu_device_mode,
                 group_by=args.group_by,
-                reserved=len(
-                    unpublished_cpus(
-                        topo, reserved, shared_floor(topo, reserved), publish_isolated=False
-                    )
-                ),
+                reserved=len(unpublished_cpus(topo, reserved, publish_isolated=False)),
             )
     except ScenarioError as err:
         raise CLIError(str(err)) from err

@@ -144,7 +144,7 @@ def _allocate(argv: Sequence[str]) -> int:
 def _slices(argv: Sequence[str]) -> int:
     import json
 
-    from dracpu.allocation.floor import shared_floor, unpublished_cpus
+    from dracpu.allocation.floor import unpublished_cpus
     from dracpu.config import resolve_node_name
     from dracpu.devices import DeviceSettings, build_inventory, build_slices
 
@@ -174,12 +174,7 @@ def _slices(argv: Sequence[str]) -> int:
     node = args.node_name or resolve_node_name(config)
     # What the daemon leaves out: the reserved CPUs, the shared pool's floor (one core
     # when reservedCPUs holds none of this node's CPUs) and, by default, isolated CPUs.
-    unpublished = unpublished_cpus(
-        topo,
-        reserved,
-        shared_floor(topo, reserved),
-        publish_isolated=config.publishIsolatedCPUs,
-    )
+    unpublished = unpublished_cpus(topo, reserved, publish_isolated=config.publishIsolatedCPUs)
     settings = DeviceSettings(
         # load_config validated both; DriverConfig keeps them as plain strings.
         mode=config.cpuDeviceMode,  # type: ignore[arg-type]

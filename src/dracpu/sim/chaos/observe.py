@@ -12,6 +12,8 @@ from typing import Any
 
 from dracpu import DRIVER_NAME, cdi
 from dracpu.allocation.checkpoint import CheckpointError, decode_checkpoint
+from dracpu.allocation.floor import unpublished_cpus
+from dracpu.config import DriverConfig
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.sim.chaos.invariants import ContainerView, Observation, PodView, SandboxView
@@ -28,10 +30,14 @@ def desired_slices(
     """The ResourceSlices the daemon should publish (``--group-by=numanode``), built from
     the same topology by the same code."""
     topo = discover_from_root(sysfs_root)
+    # What the daemon leaves out (its default config: isolated CPUs unpublished too).
+    unpublished = unpublished_cpus(
+        topo, CPUSet.parse(reserved_cpus), publish_isolated=DriverConfig().publishIsolatedCPUs
+    )
     settings = DeviceSettings(
         mode=mode,  # type: ignore[arg-type]
         group_by="numanode",
-        reserved=CPUSet.parse(reserved_cpus),
+        reserved=unpublished,
         expose_pcie_roots=False,
         publish_node_allocatable=False,
     )
