@@ -162,9 +162,16 @@ async def _pool_convergence(
     writer = CgroupWriter(cgroup_root)
     verifier = _SignallingVerifier(writer, plugin.intents_of)
     timed = _TimedSession(session)
-    pusher = PoolPusher(state.pool_changes(), plugin, timed, verify=verify_send)  # type: ignore[arg-type]
     watcher = DriftWatcher(
         writer, plugin.intents, lambda: state.shared_pool.format(), interval=10.0
+    )
+    pusher = PoolPusher(
+        state.pool_changes(),
+        plugin,
+        timed,  # type: ignore[arg-type]
+        verify=verify_send,
+        writer=writer,
+        watcher=watcher,
     )
     await nursery.start(verifier.run, verify_recv)
     await nursery.start(pusher.run)

@@ -204,3 +204,50 @@ async def wait_for_sandbox(runtime: RuntimeSimulator, pod_uid: str, pool: str) -
         while runtime.sandbox_cpuset_of(pod_uid) != pool:
             await trio.sleep(0.02)
     return CPUSet.parse(runtime.sandbox_cpuset_of(pod_uid))
+
+
+async def test_a_slow_runtime_applying_the_pool_is_not_overtaken_by_the_watcher(
+    short_tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """containerd applies a pool update one `runc update` at a time; the cgroups it has not
+    reached yet are not drift: dracpu writes none of them, and the drift watcher (woken by
+    the runtime's writes) waits for the pass instead of writing them first."""
+    writes: Counter[str] = Counter()
+    real_write = blocking_writer.write_cgroup_file
+
+    def counting_write(path: str, value: str) -> None:
+        writes[path] += 1
+        real_write(path, value)
+
+    monkeypatch.setattr(blocking_writer, "write_cgroup_file", counting_write)
+    node = node_with(short_tmp, 2, "systemd")
+    runtime = node.runtime
+    seen: dict[str, Any] = {}
+
+    async def drive(daemon: Daemon, endpoint: str) -> None:
+        containers = []
+        for i in range(PODS):
+            await runtime.create_pod(f"p{i}", f"pod-{i}")
+            containers.append(await runtime.create_container(f"p{i}", "app"))
+        # A first change at full speed: after it the watcher watches every container.
+        first = claim_request(node, "c0", node.allocated_claim("c0", "cpudevnuma000", 4))
+        assert await prepare(endpoint, first) == ""
+        await settled(daemon, runtime, containers)
+        assert daemon.watcher is not None and daemon.watcher.state().watched_dirs > PODS
+        runtime.update_delay = 0.03  # 0.6 s for the 20 containers, well past the settle time
+        writes.clear()
+        claim = claim_request(node, "c1", node.allocated_claim("c1", "cpudevnuma001", 4))
+        assert await prepare(endpoint, claim) == ""
+        await settled(daemon, runtime, containers)
+        seen["files"] = {
+            f"{daemon.writer.directory_of(runtime.container(c).cgroups_path)}/cpuset.cpus"  # type: ignore[union-attr]
+            for c in containers
+        }
+        seen["writes"] = dict(writes)
+        seen["drift"] = daemon.registry.get_sample_value(
+            "dracpu_cgroup_drift_repairs_total", {"result": "success"}
+        )
+
+    await run_daemon(node, drive)
+    assert not seen["files"] & set(seen["writes"]), "dracpu wrote what the runtime applied"
+    assert seen["drift"] == 0

@@ -77,8 +77,11 @@ class Verifier:
             async for message in inbox:
                 if message.cause == "create":
                     nursery.start_soon(self._verify_created, message)
-                else:
+                    continue
+                try:
                     await self.verify(message)
+                finally:
+                    self.writer.end_pass()  # the pool pusher began it
 
     async def verify(self, message: VerifyCpusets) -> list[str]:
         """Verify now; returns the ids of the containers written because they differed.

@@ -352,6 +352,10 @@ class DriftWatcher:
         self._wakeup.set()
 
     async def _check(self) -> DriftReport:
+        # A pool change's pass on its way (the runtime applying it, the verifier writing
+        # what it did not) would look like drift everywhere: wait for it, bounded.
+        with trio.move_on_after(self.interval):
+            await self.writer.wait_no_pass()
         if self.offload:
             with trio.CancelScope(shield=True):
                 report = await trio.to_thread.run_sync(partial(self.check_once, from_thread=True))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Any
 
 import msgspec
 import trio
@@ -58,7 +59,36 @@ class FallbackResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class CgroupWriter(BlockingCgroupWriter):
     """Writes containers' cpusets straight into cgroupfs: the blocking core, plus its use
-    from Trio (``write_async``) and the loop that applies what the runtime could not."""
+    from Trio (``write_async``) and the loop that applies what the runtime could not.
+
+    It also knows when a pool change's pass is on its way: from the pool pusher's push
+    (``begin_pass``) to the end of the verifier's pass over it (``end_pass``). Meanwhile the
+    runtime applies the updates one container at a time and the verifier writes what it
+    did not, so a cgroup read in between is not drift: the drift watcher waits
+    (``wait_no_pass``) instead of writing it a second time. Trio thread only.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._passes = 0
+        self._no_pass = trio.Event()
+        self._no_pass.set()
+
+    def begin_pass(self) -> None:
+        if self._passes == 0:
+            self._no_pass = trio.Event()
+        self._passes += 1
+
+    def end_pass(self) -> None:
+        """A pass ended (or was never handed over); extra calls are harmless."""
+        if self._passes == 0:
+            return
+        self._passes -= 1
+        if self._passes == 0:
+            self._no_pass.set()
+
+    async def wait_no_pass(self) -> None:
+        await self._no_pass.wait()
 
     async def write_async(
         self, intent: ContainerIntent, *, only_if_differs: bool = False

@@ -351,6 +351,8 @@ class Daemon:
             self.plugin,
             self.session,
             verify=self._verify_send,
+            writer=self.writer,
+            watcher=self.watcher,
         )
         services = [
             Service(name="kubelet", run=self.kubelet.run),

@@ -214,6 +214,8 @@ class RuntimeSimulator:
         self._drop_updates = 0
         self._mark_failed_updates = 0
         self.update_mode = "apply"
+        self.update_delay = 0.0
+        """Seconds each container's update takes to apply (0: all at once)."""
         self._update_mode_calls: int | None = None
         self.accepted: list[float] = []
         """`trio.current_time()` of every accepted plugin connection."""
@@ -599,11 +601,12 @@ class RuntimeSimulator:
         return ""
 
     def _apply_updates(
-        self, updates: Sequence[api_pb2.ContainerUpdate]
+        self, updates: Sequence[api_pb2.ContainerUpdate], mode: str | None = None
     ) -> list[api_pb2.ContainerUpdate]:
         if not updates:
             return []
-        mode = self._take_update_mode()
+        if mode is None:
+            mode = self._take_update_mode()
         if mode == "report":
             return list(updates)
         if mode == "containerd-drop":
@@ -653,6 +656,13 @@ class RuntimeSimulator:
             if self._mark_failed_updates > 0:
                 self._mark_failed_updates -= 1
                 failed = list(body.update)
+            elif self.update_delay > 0:
+                # As containerd does: one `runc update` per container, each taking its time.
+                mode = self._take_update_mode()
+                failed = []
+                for update in body.update:
+                    await trio.sleep(self.update_delay)
+                    failed += self._apply_updates([update], mode)
             else:
                 failed = self._apply_updates(body.update)
         reply = api_pb2.UpdateContainersResponse(failed=failed)
