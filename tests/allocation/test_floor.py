@@ -83,3 +83,31 @@ def test_a_claim_without_a_name_is_named_by_uid_and_restores_are_never_refused()
     # A claim from the checkpoint or a running container already runs: it is taken as is.
     assert store.reserve(ClaimRecord(uid="uid-1", cpus=cs("0-3")))
     assert not store.shared_pool
+
+
+def test_the_kept_core_skips_cores_that_claims_already_hold() -> None:
+    topo = grid(1, 1, 4)
+    assert shared_floor(topo, cs(""), held=cs("4")).cpus == cs("1,5")
+    floor = shared_floor(topo, cs(""), held=cs("0-7"))
+    assert floor.kept and not floor.cpus
+    assert "nothing keeps the shared pool from emptying" in floor.describe()
+
+
+def test_reserved_cpus_offline_at_start_are_still_the_floor() -> None:
+    # CPU 7 is present but offline: reserving it keeps it out of claims for good, and it
+    # joins the shared pool when it comes online.
+    topo = dataclasses.replace(grid(1, 1, 4, online=cs("0-6")), present=cs("0-7"))
+    floor = shared_floor(topo, cs("7"))
+    assert not floor.kept and floor.cpus == cs("7")
+
+
+def test_a_claim_that_takes_no_shared_cpu_is_never_refused() -> None:
+    # The floor is offline and claims hold every other shared CPU: a claim of an isolated
+    # CPU takes nothing from containers without a claim.
+    store = AllocationStore(cs("0-7"), cs(""), isolated=cs("7"), floor=cs("0"))
+    store.set_offline(cs("0"))
+    store.reserve(ClaimRecord(uid="a", cpus=cs("1-5")))
+    assert store.shared_pool == cs("6")
+    store.reserve(ClaimRecord(uid="b", cpus=cs("6")))  # adopted from a running container
+    assert not store.shared_pool
+    assert store.reserve(ClaimRecord(uid="c", cpus=cs("7")), pending=True)

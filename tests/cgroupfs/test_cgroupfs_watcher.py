@@ -200,23 +200,25 @@ def test_unknown_containers_are_confined_to_the_shared_pool(tmp_path: Path) -> N
     assert w.check_once().unknown_found == 0
 
 
-def test_sandboxes_are_left_alone(tmp_path: Path) -> None:
+def test_known_sandboxes_are_kept_and_unknown_ones_confined(tmp_path: Path) -> None:
+    # Sandboxes the runtime reported are intents (kept on the pool under their own cause);
+    # a sandbox nobody reported is a stranger like any other container cgroup.
     tree = Tree(tmp_path, n=1)
-    sandbox = make_cgroup(tree.h, "kubepods/podu0/sb0", cpus="0-7")
-    sandbox_scope = make_cgroup(
+    known = make_cgroup(tree.h, "kubepods/podu0/sb0", cpus="0-7")
+    tree.intents.append(
+        msgspec.structs.replace(
+            intent("sb0", pod="u0", cpus=tree.pool),
+            cgroups_path="/kubepods/podu0/sb0",
+            sandbox=True,
+        )
+    )
+    unreported = make_cgroup(
         tree.h, "kubepods.slice/kubepods-podq.slice/cri-containerd-sb1.scope", cpus="0-7"
     )
-    stray = make_cgroup(tree.h, "kubepods/podu0/stray", cpus="0-7")
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)),
-        lambda: tree.intents,
-        lambda: tree.pool,
-        leave_alone=lambda: ["sb0", "sb1"],
-    )
-    assert w.check_once().unknown_confined == 1
-    assert read(sandbox / "cpuset.cpus") == "0-7"
-    assert read(sandbox_scope / "cpuset.cpus") == "0-7"
-    assert read(stray / "cpuset.cpus") == "2-7"
+    report = tree.watcher().check_once()
+    assert (report.unknown_confined, report.repaired) == (1, 0)
+    assert read(known / "cpuset.cpus") == read(unreported / "cpuset.cpus") == "2-7"
+    assert tree.sample("dracpu_cgroup_fallback_writes_total", result="success", cause="sandbox")
 
 
 def test_unknown_follow_the_pool_when_it_changes(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ leaves a shared container or a sandbox on a claimed CPU."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from builders import no_signals
 from test_daemon_inprocess import Node, dra_call
 
 import dracpu.cgroupfs.blocking_writer as blocking_writer
+from dracpu import cdi
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.app import Daemon
 from dracpu.nursery import Supervisor
@@ -251,3 +253,24 @@ async def test_a_slow_runtime_applying_the_pool_is_not_overtaken_by_the_watcher(
     await run_daemon(node, drive)
     assert not seen["files"] & set(seen["writes"]), "dracpu wrote what the runtime applied"
     assert seen["drift"] == 0
+
+
+async def test_the_kept_core_leaves_claims_an_earlier_dracpu_prepared(short_tmp: str) -> None:
+    """Upgrading to a dracpu that keeps a core: a claim already prepared on CPU 0's core
+    (here from its CDI spec, trusted without a checkpoint) keeps its CPUs, and the next
+    free core is kept shared instead."""
+    node = node_with(short_tmp, 2, "systemd")
+    os.makedirs(node.config.cdiDir, exist_ok=True)
+    cdi.write_claim_spec(node.config.cdiDir, "old-claim", CPUSet.parse("0,40"))
+    seen: dict[str, Any] = {}
+
+    async def drive(daemon: Daemon, endpoint: str) -> None:
+        assert daemon.state is not None
+        seen["claims"] = {r.uid: r.cpus.format() for r in daemon.state.store.records()}
+        seen["floor"] = daemon.floor
+        seen["pool"] = daemon.state.shared_pool
+
+    await run_daemon(node, drive)
+    assert seen["claims"] == {"old-claim": "0,40"}
+    assert seen["floor"].kept and seen["floor"].cpus == CPUSet.parse("1,41")
+    assert not seen["pool"] & CPUSet.parse("0,40")

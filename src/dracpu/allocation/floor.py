@@ -33,6 +33,12 @@ class SharedFloor:
         """One line for the start-up log."""
         if not self.kept:
             return f"reservedCPUs {self.cpus.format()} stay in the shared pool"
+        if not self.cpus:
+            return (
+                "reservedCPUs holds no usable CPU of this node and every core is isolated or "
+                "held by a claim: nothing keeps the shared pool from emptying but the refusal "
+                "of prepares that would empty it; set reservedCPUs"
+            )
         return (
             f"reservedCPUs holds no usable CPU of this node: CPUs {self.cpus.format()} (one "
             "core) stay in the shared pool and are not published, so containers without a "
@@ -40,19 +46,21 @@ class SharedFloor:
         )
 
 
-def shared_floor(topo: Topology, reserved: CPUSet) -> SharedFloor:
-    """Pure: the reserved CPUs this node has (isolated ones cannot be shared), else the
-    core of the lowest usable CPU. Empty only when no CPU is usable at all."""
-    usable = topo.all_cpus - topo.isolated
-    mine = reserved & usable
+def shared_floor(topo: Topology, reserved: CPUSet, held: CPUSet | None = None) -> SharedFloor:
+    """Pure: the reserved CPUs this node has, online or not (isolated ones cannot be
+    shared), else the core of the lowest usable online CPU that no claim in ``held`` uses
+    (claims an earlier dracpu prepared keep their CPUs). Empty when no such core exists."""
+    isolated = topo.isolated
+    mine = reserved & ((topo.all_cpus | topo.present) - isolated)
     if mine:
         return SharedFloor(cpus=mine, kept=False)
-    if not usable:
-        return SharedFloor(cpus=CPUSet(), kept=True)
-    first = min(usable)
-    return SharedFloor(
-        cpus=(topo.cpus[first].thread_siblings | CPUSet([first])) & usable, kept=True
-    )
+    usable = topo.all_cpus - isolated
+    taken = held or CPUSet()
+    for cpu in usable:
+        core = (topo.cpus[cpu].thread_siblings | CPUSet([cpu])) & usable
+        if not core & taken:
+            return SharedFloor(cpus=core, kept=True)
+    return SharedFloor(cpus=CPUSet(), kept=True)
 
 
 def unpublished_cpus(

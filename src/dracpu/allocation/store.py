@@ -245,8 +245,8 @@ class AllocationStore:
         Claims learnt from the checkpoint or the runtime are not refused (they already run).
         """
         shared = self.shared_pool - self._pending_cpus
-        if shared - record.cpus:
-            return
+        if not record.cpus & shared or shared - record.cpus:
+            return  # takes no shared CPU (an isolated one, say), or leaves one
         where = f"{record.namespace}/{record.name}" if record.name else record.uid
         raise StoreError(
             f"prepare of claim {where} would empty the shared pool: it takes "

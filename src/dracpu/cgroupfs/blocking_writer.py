@@ -125,9 +125,10 @@ class BlockingCgroupWriter:
 
     def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then
-        # the best available answer. On a real kernel the effective file always exists.
-        # A cgroup seen without one is remembered (a kernel cgroup's files are fixed when
-        # it is made), so its read-back after a write does not fail an open first.
+        # the best available answer. On a real kernel the effective file exists wherever
+        # the configured one does (v2 adds both when a parent enables cpuset), so a cgroup
+        # seen with its configured file but without the effective one is a fake tree's:
+        # it is remembered, and its read-back after a write does not fail an open first.
         key = f"{directory}/{effective_file}"
         if key not in self._no_effective:
             text = read_if_present(key)

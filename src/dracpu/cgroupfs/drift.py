@@ -80,7 +80,6 @@ class OwnerView(msgspec.Struct, frozen=True):
 
     intents: dict[str, ContainerIntent]
     pool: str
-    spared: frozenset[str]
     complete: bool
 
 

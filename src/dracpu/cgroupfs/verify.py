@@ -4,13 +4,13 @@ A runtime can call an update a success that it never applied: containerd leaves 
 marked ``ignore_failure`` out of the failed list it returns (docs/how-it-works.md, "Verify,
 don't trust"), and a runtime can apply an update while the cgroup ends up elsewhere. The
 verifier reads ``VerifyCpusets`` messages and, in one pass in a worker thread, reads each
-container's effective cpuset from cgroupfs and writes as it goes: every few dozen
-containers that differ, it asks the state owner which are still intended (after the
-read-back, so a newer set the runtime applied meanwhile is never overwritten with an
-older one) and writes those through the cgroupfs writer
+container's effective cpuset from cgroupfs and writes as it goes: every 128 containers
+that differ, it asks the state owner which are still intended (after the read-back, so a
+newer set the runtime applied meanwhile is never overwritten with an older one) and writes
+those through the cgroupfs writer
 (``dracpu_cgroup_fallback_writes_total{cause="verify-mismatch"}``). A runtime that dropped
-the whole update has its first cgroups written after a few dozen reads, not after all of
-them. For a pool change it observes ``dracpu_pool_convergence_seconds`` once every
+the whole update has its first cgroups written after 128 reads, not after all of them.
+For a pool change it observes ``dracpu_pool_convergence_seconds`` once every
 container is verified, whatever the runtime answered.
 
 Pod sandboxes go through the same pass: NRI cannot update a sandbox, so the pool pusher

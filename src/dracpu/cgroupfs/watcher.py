@@ -112,9 +112,9 @@ class DriftWatcher:
     """Periodic and event-driven drift checks over the containers dracpu knows about.
 
     ``intents`` returns every container the state owner knows with its intended cpuset;
-    ``shared_pool`` returns the current shared pool as a cpuset string; ``leave_alone``
-    (optional) returns ids never to confine, such as the pod sandboxes the runtime reported
-    (dracpu never pins a sandbox). ``confine_unknown`` (optional) says whether the owner's
+    ``shared_pool`` returns the current shared pool as a cpuset string (pod sandboxes the
+    runtime reported are intents too, marked ``sandbox``). ``confine_unknown`` (optional)
+    says whether the owner's
     list of containers is complete enough to call a cgroup unknown: until the runtime's
     first Synchronize every container is unknown to a freshly started daemon, and
     confining them would move claim holders onto the shared pool. They must only read; a
@@ -134,7 +134,6 @@ class DriftWatcher:
         use_inotify: bool = True,
         offload: bool = True,
         settle: float = 0.1,
-        leave_alone: Callable[[], Iterable[str]] | None = None,
         confine_unknown: Callable[[], bool] | None = None,
     ) -> None:
         if interval <= 0:
@@ -148,7 +147,6 @@ class DriftWatcher:
         self.use_inotify = use_inotify
         self.offload = offload
         self.settle = settle
-        self._leave_alone = leave_alone
         self._confine_unknown = confine_unknown
         self.last_report: DriftReport | None = None
         self.checks = 0
@@ -162,11 +160,10 @@ class DriftWatcher:
 
     # -- one check ----------------------------------------------------------------------
     def _view(self) -> OwnerView:
-        leave_alone, complete = self._leave_alone, self._confine_unknown
+        complete = self._confine_unknown
         return OwnerView(
             intents={i.container_id: i for i in self._intents()},
             pool=self._shared_pool(),
-            spared=frozenset(leave_alone()) if leave_alone is not None else frozenset(),
             complete=complete() if complete is not None else True,
         )
 
@@ -198,7 +195,7 @@ class DriftWatcher:
         off_intent = find_drift(known.readable, known.effective)
         drifted = [i for i in off_intent if not i.sandbox]
         sandboxes = [i for i in off_intent if i.sandbox]
-        unknown = self._find_unknown(known.dirs, errors, before.pool, before.spared)
+        unknown = self._find_unknown(known.dirs, errors, before.pool)
         # Ask again: only what is still true gets written (see the module docstring).
         now = self._ask_view(from_thread)
         repaired = self._write_all(still_drifted(drifted, now), errors, _REPAIR)
@@ -290,7 +287,7 @@ class DriftWatcher:
             self.metrics.count_fallback_write(result, words.cause)
 
     def _find_unknown(
-        self, known_dirs: set[str], errors: list[str], pool_text: str, spared: frozenset[str]
+        self, known_dirs: set[str], errors: list[str], pool_text: str
     ) -> list[ContainerIntent]:
         """Container leaves nobody intends anything for whose cpus differ from the pool."""
         try:
@@ -308,8 +305,6 @@ class DriftWatcher:
         unknown = []
         for directory in leaves:
             cid = container_id_of(posixpath.basename(directory))
-            if cid in spared:
-                continue
             try:
                 current = self.writer.read_effective_cpus(directory)
             except (CgroupWriteError, CPUSetParseError):
@@ -354,8 +349,9 @@ class DriftWatcher:
     async def _check(self) -> DriftReport:
         # A pool change's pass on its way (the runtime applying it, the verifier writing
         # what it did not) would look like drift everywhere: wait for it, bounded.
-        with trio.move_on_after(self.interval):
-            await self.writer.wait_no_pass()
+        if self.writer.pass_in_flight:
+            with trio.move_on_after(self.interval):
+                await self.writer.wait_no_pass()
         if self.offload:
             with trio.CancelScope(shield=True):
                 report = await trio.to_thread.run_sync(partial(self.check_once, from_thread=True))

@@ -87,6 +87,10 @@ class CgroupWriter(BlockingCgroupWriter):
         if self._passes == 0:
             self._no_pass.set()
 
+    @property
+    def pass_in_flight(self) -> bool:
+        return self._passes > 0
+
     async def wait_no_pass(self) -> None:
         await self._no_pass.wait()
 

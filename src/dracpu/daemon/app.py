@@ -55,6 +55,7 @@ from dracpu.nri.session import NRISession
 from dracpu.nursery.backoff import restart_delay
 from dracpu.nursery.supervisor import Service, Supervisor
 from dracpu.state import CheckpointFile, NodeState, read_boot_id
+from dracpu.state.durable import recorded_claim_cpus
 from dracpu.topology.discover import discover_from_root
 from dracpu.topology.model import Topology
 
@@ -256,7 +257,9 @@ class Daemon:
             raise DaemonError("driver failed to initialize: no CPU topology discovered")
         # Fixed for the life of the process, as the allocatable set is: hotplug takes floor
         # CPUs offline (the pool shrinks) but never moves the floor onto claimable CPUs.
-        self.floor = shared_floor(topo, reserved)
+        self.floor = shared_floor(
+            topo, reserved, held=recorded_claim_cpus(cfg.stateDir, cfg.cdiDir)
+        )
         try:
             inventory = build_inventory(topo, self._device_settings(topo, reserved))
         except Exception as exc:
@@ -321,10 +324,12 @@ class Daemon:
         )
         log.info("serving HTTP", bindAddress=cfg.bindAddress, port=self.http_port)
 
-        await trio.to_thread.run_sync(self._build_node)
-        # The resource.k8s.io API module takes ~0.1 s to import and build: here, not on
-        # the path of the first NodePrepareResources (its claim GET) or the first slice.
-        await trio.to_thread.run_sync(lambda: self.kube.resource)
+        async with trio.open_nursery() as nursery:
+            # The resource.k8s.io API module takes ~0.1 s to import and build: beside the
+            # topology discovery, not on the path of the first NodePrepareResources (its
+            # claim GET) or the first slice.
+            nursery.start_soon(partial(trio.to_thread.run_sync, lambda: self.kube.resource))
+            await trio.to_thread.run_sync(self._build_node)
         await trio.to_thread.run_sync(self._restore)
         assert self.state is not None and self.checkpoint is not None
         # Prepares and unprepares wait for the checkpoint writer: it runs before them.

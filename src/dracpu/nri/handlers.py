@@ -25,7 +25,7 @@ from dracpu.messages import ContainerIntent
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.proto.nri import api_pb2
 
-__all__ = ["EVENT_MASK", "PendingSync", "PluginHandlers", "fill_updates"]
+__all__ = ["EVENT_MASK", "NRI_API_VERSION", "PendingSync", "PluginHandlers", "fill_updates"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,15 @@ EVENT_MASK: Final = _mask(
 )
 """The events dracpu handles (0x060f): the pod sandboxes' (their cgroups are kept on the
 shared pool) and the containers'. Synchronize needs no bit; never 0 (= all, 6.5)."""
+
+# The NRI API level announced in RegisterPluginRequest.nri_version. The official stub
+# sends the containerd/nri Go module version it was built with (pkg/version
+# GetFromBuildInfo, e.g. "v0.12.2"; containerd/nri#271), and the runtime only logs it:
+# `registered as "00-dra.cpu" (with NRI version unknown)` when the field is empty
+# (pkg/adaptation/plugin.go RegisterPlugin). Ours names the newest containerd/nri release
+# whose messages proto/nri/api.proto declares (Container.image, NRI >= v0.12.2); raise it
+# together with that file.
+NRI_API_VERSION: Final = "v0.12.2"
 
 _MORE: Final = api_pb2.SynchronizeResponse(more=True).SerializeToString()
 
@@ -97,6 +106,7 @@ class PluginHandlers:
         self.plugin = plugin
         self.runtime_name = ""
         self.runtime_version = ""
+        self.runtime_nri_version = ""
         self.applied: list[ContainerIntent] = []
         """What the last request asks to verify: a CreateContainer reply's cpusets (the new
         claim holder's and other containers' updates), or pod sandboxes a RunPodSandbox or
@@ -149,7 +159,8 @@ class PluginHandlers:
         )
         response = api_pb2.SynchronizeResponse()
         fill_updates(response.update, updates)
-        self.applied = self.plugin.sandbox_intents()
+        # Read back what the reply asks for (a runtime may drop it) and the sandboxes.
+        self.applied = [*updates, *self.plugin.sandbox_intents()]
         return _serialize(response)
 
     # -- the other requests -----------------------------------------------------------------
@@ -157,12 +168,21 @@ class PluginHandlers:
         request = api_pb2.ConfigureRequest.FromString(payload)
         self.runtime_name = request.runtime_name
         self.runtime_version = request.runtime_version
+        self.runtime_nri_version = request.nri_version  # field 6, sent since NRI v0.12
         log.info(
             "configured by runtime %s %s (request timeout %d ms)",
             request.runtime_name,
             request.runtime_version,
             request.request_timeout,
         )
+        if request.nri_version:
+            log.info(
+                "the runtime speaks NRI %s; dracpu announces %s",
+                request.nri_version,
+                NRI_API_VERSION,
+            )
+        else:
+            log.info("the runtime did not announce its NRI version (NRI before v0.12)")
         return _serialize(api_pb2.ConfigureResponse(events=EVENT_MASK))
 
     def _create_container(self, payload: bytes) -> bytes:
@@ -222,8 +242,9 @@ class PluginHandlers:
 
     def _state_change(self, payload: bytes) -> bytes:
         # Older NRI runtimes deliver RemoveContainer and the pod sandbox events only
-        # through StateChange; newer ones call RunPodSandbox, StopPodSandbox and
-        # RemovePodSandbox (containerd/nri pkg/adaptation/plugin.go).
+        # through StateChange, and newer ones fall back to it for a plugin that answers
+        # their RunPodSandbox, StopPodSandbox or RemovePodSandbox as unimplemented
+        # (containerd/nri pkg/adaptation/plugin.go).
         event = api_pb2.StateChangeEvent.FromString(payload)
         if event.event == api_pb2.REMOVE_CONTAINER:
             self.plugin.remove_container(event.pod, event.container)

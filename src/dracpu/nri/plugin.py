@@ -56,7 +56,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EMPTY_SHARED_POOL = "shared pool is empty: every allocatable CPU is held by claims"
+EMPTY_SHARED_POOL = (
+    "shared pool is empty: claims hold every allocatable CPU and the CPUs kept shared "
+    "(reservedCPUs, or the core dracpu keeps) are offline"
+)
 
 
 class NRIPluginError(Exception):
@@ -138,10 +141,13 @@ class NRIPlugin:
         """Every pod sandbox on the shared pool (none while the pool is empty). Only
         dracpu writes these: NRI has no update for a sandbox."""
         pool = self._state.shared_pool
+        sandboxes = self._state.sandboxes
         if not pool:
+            if sandboxes:
+                log.error("cannot confine %d pod sandboxes: %s", len(sandboxes), EMPTY_SHARED_POOL)
             return []
         cpus = pool.format()
-        return [_sandbox_intent(s, cpus) for s in self._state.sandboxes.values()]
+        return [_sandbox_intent(s, cpus) for s in sandboxes.values()]
 
     def intents(self) -> list[ContainerIntent]:
         """What every known container and pod sandbox should run on, with its cgroups path.
@@ -293,11 +299,19 @@ class NRIPlugin:
         when the runtime gave no cgroups path, or the pool is empty)."""
         record = _sandbox_record(pod)
         if record is None:
-            log.debug("pod sandbox without a cgroups path left alone", extra={"pod_uid": pod.uid})
+            log.info(
+                "pod sandbox %s reported without a cgroups path: it cannot be kept off "
+                "claimed CPUs",
+                pod.id,
+                extra={"pod_uid": pod.uid},
+            )
             return None
         self._state.put_sandbox(record)
         pool = self._state.shared_pool
-        return _sandbox_intent(record, pool.format()) if pool else None
+        if not pool:
+            log.error("cannot confine pod sandbox %s: %s", pod.id, EMPTY_SHARED_POOL)
+            return None
+        return _sandbox_intent(record, pool.format())
 
     def forget_pod_sandbox(self, pod: api_pb2.PodSandbox) -> None:
         """StopPodSandbox or RemovePodSandbox: the sandbox no longer needs its cpuset."""
@@ -320,6 +334,13 @@ class NRIPlugin:
             if pod is not None:
                 sync.add(pod, container)
         sandboxes = [r for r in map(_sandbox_record, pods) if r is not None]
+        if len(sandboxes) < len(pods):
+            log.info(
+                "%d of %d pod sandboxes reported without a cgroups path: they cannot be kept "
+                "off claimed CPUs",
+                len(pods) - len(sandboxes),
+                len(pods),
+            )
         self._state.synchronized(sync.adopted, sync.owners, sync.records, sandboxes)
         holders = []
         for record, _ in sync.holders:

@@ -43,7 +43,7 @@ from dracpu.logs import operation
 from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.errors import ProtocolError
-from dracpu.nri.handlers import PluginHandlers, fill_updates
+from dracpu.nri.handlers import NRI_API_VERSION, PluginHandlers, fill_updates
 from dracpu.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 from dracpu.nri.peer import PLUGIN_SERVICE, RUNTIME_SERVICE, CallFailed, MuxPeer, PeerClosed
 from dracpu.nri.plugin import NRIPlugin, NRIPluginError
@@ -66,14 +66,6 @@ _IDX_RE: Final = re.compile(r"[0-9]{2}")
 SLOW_HANDLER_SECONDS: Final = 0.5
 # How long a refused dial is retried at once before the backoff takes over.
 QUICK_REDIAL: Final = 0.2
-# The NRI API level announced in RegisterPluginRequest.nri_version. The official stub
-# sends the containerd/nri Go module version it was built with (pkg/version
-# GetFromBuildInfo, e.g. "v0.12.2"; containerd/nri#271), and the runtime only logs it:
-# `registered as "00-dra.cpu" (with NRI version unknown)` when the field is empty
-# (pkg/adaptation/plugin.go RegisterPlugin). Ours names the newest containerd/nri release
-# whose messages proto/nri/api.proto declares (Container.image, NRI >= v0.12.2); raise it
-# together with that file.
-NRI_API_VERSION: Final = "v0.12.2"
 
 # behavior.md §16.1: the hooks whose lines share an operation id, with begin/end lines at
 # these verbosities; every other request still gets an id of its own.
@@ -145,8 +137,6 @@ class NRISession:
         self._peer: MuxPeer | None = None
         self._handlers = PluginHandlers(plugin)
         self.sessions = 0
-        self.runtime_nri_version = ""
-        """The NRI version the runtime announced in this session's Configure ("": none)."""
 
     # -- lifecycle ------------------------------------------------------------------------
     def _enter(self, state: SessionState) -> None:
@@ -170,6 +160,11 @@ class NRISession:
     @property
     def runtime_version(self) -> str:
         return self._handlers.runtime_version
+
+    @property
+    def runtime_nri_version(self) -> str:
+        """The NRI version the runtime announced in this session's Configure ("": none)."""
+        return self._handlers.runtime_nri_version
 
     def describe(self) -> dict[str, Any]:
         """The NRI part of ``/debug/state``."""
@@ -252,7 +247,6 @@ class NRISession:
             on_request=self._on_request,
         )
         self._handlers = PluginHandlers(self._plugin)
-        self.runtime_nri_version = ""
         reason = "the runtime closed the connection"
         self._peer = peer
         self._enter(SessionState.CONNECTED)
@@ -328,8 +322,6 @@ class NRISession:
                         result, synchronized = await self._synchronize(request.payload)
                     else:
                         result = self._handlers.handle(request.method, request.payload)
-                        if request.method == "Configure":
-                            self._note_runtime_nri_version(request.payload)
             except DecodeError as exc:
                 result = Status(
                     StatusCode.INVALID_ARGUMENT, f"undecodable {request.method} request: {exc}"
@@ -344,29 +336,22 @@ class NRISession:
             if took > SLOW_HANDLER_SECONDS:
                 # The runtime drops plugins that miss its 2 s request timeout.
                 log.warning("%s took %.3fs to decide", request.method, took)
+        # Taken whatever the outcome, so a refused request's leftovers never ride along
+        # with the next reply.
+        applied, self._handlers.applied = self._handlers.applied, []
         try:
             await peer.respond(request.stream_id, result)
         except PeerClosed:
             return
         if isinstance(result, bytes):
-            self._verify_applied()
+            self._verify_applied(applied)
         if synchronized and peer is self._peer:
             self._enter(SessionState.SYNCHRONIZED)
 
-    def _note_runtime_nri_version(self, payload: bytes) -> None:
-        """Log the NRI version the runtime announced in Configure (field 6, sent since
-        NRI v0.12; the handlers decoded the same bytes without error)."""
-        version = api_pb2.ConfigureRequest.FromString(payload).nri_version
-        self.runtime_nri_version = version
-        if version:
-            log.info("the runtime speaks NRI %s; dracpu announces %s", version, NRI_API_VERSION)
-        else:
-            log.info("the runtime did not announce its NRI version (NRI before v0.12)")
-
-    def _verify_applied(self) -> None:
-        """Have the verifier read back what the reply asked for (CreateContainer) or what
-        only dracpu writes (the pod sandboxes of RunPodSandbox and Synchronize)."""
-        applied, self._handlers.applied = self._handlers.applied, []
+    def _verify_applied(self, applied: list[ContainerIntent]) -> None:
+        """Have the verifier read back what the reply asked for (CreateContainer,
+        Synchronize) or what only dracpu writes (the pod sandboxes of RunPodSandbox and
+        Synchronize)."""
         if applied and self._verify is not None:
             self._verify.send_nowait(VerifyCpusets(intents=tuple(applied), cause="create"))
 

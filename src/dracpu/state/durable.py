@@ -26,11 +26,12 @@ from dracpu.allocation.checkpoint import (
     encode_checkpoint,
 )
 from dracpu.atomicfile import atomic_write
+from dracpu.cpuset import CPUSet
 from dracpu.daemon.recovery import RecoveryPlan, plan_recovery
 from dracpu.messages import CheckpointWritten, ClaimsChanged
 from dracpu.state.owner import NodeState, StateFileError
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointFile", "read_boot_id"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointFile", "read_boot_id", "recorded_claim_cpus"]
 
 log = logging.getLogger("dracpu.state")
 
@@ -189,6 +190,23 @@ class CheckpointFile:
         )
         self.write()
         return plan
+
+
+def recorded_claim_cpus(state_dir: str, cdi_dir: str) -> CPUSet:
+    """The CPUs of every claim the checkpoint or the CDI specs hold, trusted or not (blocking,
+    read-only: a file that cannot be read adds nothing). The daemon keeps its shared core
+    off them, so a claim prepared by an earlier dracpu is never taken for the floor."""
+    cpus = CPUSet()
+    try:
+        checkpoint = decode_checkpoint(Path(state_dir, CHECKPOINT_FILE).read_bytes())
+    except (OSError, CheckpointError):
+        checkpoint = None
+    if checkpoint is not None:
+        for record in checkpoint.claims:
+            cpus |= record.cpus
+    for held in cdi.read_claim_specs(cdi_dir).claims.values():
+        cpus |= held
+    return cpus
 
 
 def _answer(batch: list[ClaimsChanged], error: str) -> None:
