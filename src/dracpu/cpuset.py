@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from dracpu.bounded import remember
+
 __all__ = ["CPUSet", "CPUSetParseError"]
 
 # A cpu id far beyond any real machine; it bounds the bitmask a hostile string could build.
@@ -85,11 +87,7 @@ class CPUSet:
         cached = _PARSED.get(text)
         if cached is not None:
             return cached
-        parsed = cls._parse(text)
-        if len(_PARSED) >= _PARSED_LIMIT:
-            _PARSED.clear()
-        _PARSED[text] = parsed
-        return parsed
+        return remember(_PARSED, text, cls._parse(text), _PARSED_LIMIT)
 
     @classmethod
     def _parse(cls, text: str) -> CPUSet:
@@ -206,9 +204,7 @@ class CPUSet:
             return cached
         text = self._format()
         if mask.bit_length() <= _FORMATTED_BITS_LIMIT:  # no hostile-sized keys kept
-            if len(_FORMATTED) >= _PARSED_LIMIT:
-                _FORMATTED.clear()
-            _FORMATTED[mask] = text
+            remember(_FORMATTED, mask, text, _PARSED_LIMIT)
         return text
 
     def _format(self) -> str:

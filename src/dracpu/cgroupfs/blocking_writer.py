@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from dracpu.bounded import remember
 from dracpu.cgroupfs.files import (
     CPUS_FILE,
     MEMS_FILE,
@@ -77,9 +78,9 @@ class BlockingCgroupWriter:
         # Directories any writer of this process wrote since the drift watcher last took
         # them: inotify reports dracpu's own writes too, and those are no news to it. A
         # lock of its own, so taking them never waits for a pass in flight.
-        self._written: set[str] = set()
+        self._written: dict[str, None] = {}
         self._written_lock = threading.Lock()
-        self._no_effective: set[str] = set()
+        self._no_effective: dict[str, None] = {}
         self._ancestor_lists: dict[str, list[str]] = {}
 
     # -- paths and reads --------------------------------------------------------------
@@ -110,9 +111,7 @@ class BlockingCgroupWriter:
         if directory is None:
             directory = resolve(self.layout, cgroups_path)
             with self._paths_lock:
-                if len(self._paths) >= _PATH_CACHE_LIMIT:
-                    self._paths.clear()
-                self._paths[cgroups_path] = directory
+                remember(self._paths, cgroups_path, directory, _PATH_CACHE_LIMIT)
         return directory
 
     def forget(self, cgroups_path: str) -> None:
@@ -120,8 +119,8 @@ class BlockingCgroupWriter:
         with self._paths_lock:
             directory = self._paths.pop(cgroups_path, None)
             if directory is not None:
-                self._no_effective.discard(f"{directory}/{self.layout.effective_cpus_file}")
-                self._no_effective.discard(f"{directory}/{self.layout.effective_mems_file}")
+                self._no_effective.pop(f"{directory}/{self.layout.effective_cpus_file}", None)
+                self._no_effective.pop(f"{directory}/{self.layout.effective_mems_file}", None)
 
     def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then
@@ -137,9 +136,7 @@ class BlockingCgroupWriter:
         path = f"{directory}/{fallback}"
         text = read_cgroup_file(path)
         with self._paths_lock:
-            if len(self._no_effective) >= _PATH_CACHE_LIMIT:
-                self._no_effective.clear()
-            self._no_effective.add(key)
+            remember(self._no_effective, key, None, _PATH_CACHE_LIMIT)
         return parse_set(path, text)
 
     def read_effective_cpus(self, directory: str) -> CPUSet:
@@ -162,9 +159,7 @@ class BlockingCgroupWriter:
             hierarchy = self.layout.hierarchy.rstrip("/")
             rel = directory[len(hierarchy) + 1 :].split("/")
             ancestors = [hierarchy + "/" + "/".join(rel[:i]) for i in range(1, len(rel))]
-            if len(self._ancestor_lists) >= _PATH_CACHE_LIMIT:
-                self._ancestor_lists.clear()
-            self._ancestor_lists[directory] = ancestors
+            remember(self._ancestor_lists, directory, ancestors, _PATH_CACHE_LIMIT)
         return ancestors
 
     def _plan(
@@ -197,10 +192,8 @@ class BlockingCgroupWriter:
 
     def _apply(self, writes: Iterable[CpusetWrite], cache: _SetCache) -> None:
         for w in writes:
-            with self._written_lock:
-                if len(self._written) >= _PATH_CACHE_LIMIT:
-                    self._written.clear()  # nobody takes them: no watcher runs
-                self._written.add(w.directory)
+            with self._written_lock:  # bounded: nobody takes them when no watcher runs
+                remember(self._written, w.directory, None, _PATH_CACHE_LIMIT)
             write_cgroup_file(w.path, w.value)
             cache.values[w.path] = CPUSet.parse(w.value)
 
@@ -208,8 +201,8 @@ class BlockingCgroupWriter:
         """The directories written since the last call (any thread, never waits for a
         write in progress)."""
         with self._written_lock:
-            written, self._written = self._written, set()
-        return written
+            written, self._written = self._written, {}
+        return set(written)
 
     def _write(
         self,

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
+from dracpu.bounded import remember
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.nri.plugin import NRIPlugin
@@ -209,9 +210,8 @@ class PluginHandlers:
         key = (cpus, decision.mems)
         reply = self._replies.get(key)
         if reply is None:
-            if len(self._replies) >= _REPLY_CACHE_LIMIT:
-                self._replies.clear()
-            reply = self._replies[key] = _adjustment(cpus, decision.mems, ())
+            reply = _adjustment(cpus, decision.mems, ())
+            remember(self._replies, key, reply, _REPLY_CACHE_LIMIT)
         return reply
 
     def _stop_container(self, payload: bytes) -> bytes:
