@@ -27,6 +27,20 @@ PODS = 20
 FLAVORS = [(1, "cgroupfs"), (1, "systemd"), (2, "cgroupfs"), (2, "systemd")]
 
 
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Every cgroup file write of the daemon's cgroupfs writers, by path."""
+    counted: Counter[str] = Counter()
+    real_write = blocking_writer.write_cgroup_file
+
+    def counting_write(path: str, value: str) -> None:
+        counted[path] += 1
+        real_write(path, value)
+
+    monkeypatch.setattr(blocking_writer, "write_cgroup_file", counting_write)
+    return counted
+
+
 def node_with(short_tmp: str, version: int, driver: str, **config: Any) -> Node:
     node = Node(short_tmp, **config)
     node.runtime = RuntimeSimulator(
@@ -100,16 +114,8 @@ async def settled(daemon: Daemon, runtime: RuntimeSimulator, containers: list[st
 
 @pytest.mark.parametrize(("version", "driver"), FLAVORS)
 async def test_sandboxes_written_once_per_pool_change_never_as_drift(
-    short_tmp: str, monkeypatch: pytest.MonkeyPatch, version: int, driver: str
+    short_tmp: str, writes: Counter[str], version: int, driver: str
 ) -> None:
-    writes: Counter[str] = Counter()
-    real_write = blocking_writer.write_cgroup_file
-
-    def counting_write(path: str, value: str) -> None:
-        writes[path] += 1
-        real_write(path, value)
-
-    monkeypatch.setattr(blocking_writer, "write_cgroup_file", counting_write)
     node = node_with(short_tmp, version, driver)
     runtime = node.runtime
     seen: dict[str, Any] = {}
@@ -209,19 +215,11 @@ async def wait_for_sandbox(runtime: RuntimeSimulator, pod_uid: str, pool: str) -
 
 
 async def test_a_slow_runtime_applying_the_pool_is_not_overtaken_by_the_watcher(
-    short_tmp: str, monkeypatch: pytest.MonkeyPatch
+    short_tmp: str, writes: Counter[str]
 ) -> None:
     """containerd applies a pool update one `runc update` at a time; the cgroups it has not
     reached yet are not drift: dracpu writes none of them, and the drift watcher (woken by
     the runtime's writes) waits for the pass instead of writing them first."""
-    writes: Counter[str] = Counter()
-    real_write = blocking_writer.write_cgroup_file
-
-    def counting_write(path: str, value: str) -> None:
-        writes[path] += 1
-        real_write(path, value)
-
-    monkeypatch.setattr(blocking_writer, "write_cgroup_file", counting_write)
     node = node_with(short_tmp, 2, "systemd")
     runtime = node.runtime
     seen: dict[str, Any] = {}
