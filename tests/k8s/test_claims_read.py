@@ -187,3 +187,60 @@ def test_decode_claim_bad_json() -> None:
     assert str(info.value) == (
         "retrieve claim ns/c: decode: Expected `str`, got `int` - at `$.metadata.uid`"
     )
+
+
+LONG = "x" * (4 * 1024 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "message"),
+    [
+        (
+            "ns1",
+            LONG,
+            f"retrieve claim ns1/{'x' * 64}...(4194304 characters): invalid name: must be 1 "
+            "to 253 characters, not 4194304",
+        ),
+        (
+            "n" * 65536,
+            "web",
+            f"retrieve claim {'n' * 64}...(65536 characters)/web: invalid namespace: must be 1 "
+            "to 63 characters, not 65536",
+        ),
+        (
+            "ns1",
+            "Web_1",
+            "retrieve claim ns1/Web_1: invalid name: a lowercase RFC 1123 subdomain must "
+            "consist of lower case alphanumeric characters, '-' or '.', and must start and end "
+            "with an alphanumeric character",
+        ),
+        (
+            "NS",
+            "web",
+            "retrieve claim NS/web: invalid namespace: a lowercase RFC 1123 label must consist "
+            "of lower case alphanumeric characters or '-', and must start and end with an "
+            "alphanumeric character",
+        ),
+        ("", "web", "retrieve claim /web: invalid namespace: must be 1 to 63 characters, not 0"),
+        ("ns1", "", "retrieve claim ns1/: invalid name: must be 1 to 253 characters, not 0"),
+    ],
+)
+async def test_names_no_claim_can_have_are_refused_before_any_lookup(
+    sim: tuple[SimAPIServer, KubeClient], namespace: str, name: str, message: str
+) -> None:
+    server, kube = sim
+    # Any request would fail this way: none is made.
+    server.faults.inject("get", "resourceclaims", 1, status=500, message="looked up")
+    with pytest.raises(ClaimReadError) as info:
+        await read_claim(kube, namespace, name, "uid-1")
+    assert str(info.value) == message
+    assert type(info.value) is ClaimReadError
+
+
+async def test_the_longest_names_a_claim_can_have_are_looked_up(
+    sim: tuple[SimAPIServer, KubeClient],
+) -> None:
+    _, kube = sim
+    name = ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
+    with pytest.raises(ClaimNotFound):
+        await read_claim(kube, "n" * 63, name, "uid-1")

@@ -12,12 +12,21 @@ import msgspec
 from dracpu.allocation.opaque import DRIVER_NAME, DeviceConfig
 from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
 from dracpu.k8s.client import K8sError, KubeClient, NotFound
+from dracpu.k8s.names import (
+    LABEL_MAX,
+    LABEL_SHAPE,
+    SUBDOMAIN_MAX,
+    SUBDOMAIN_SHAPE,
+    is_dns1123_label,
+    is_dns1123_subdomain,
+)
 
 __all__ = [
     "ClaimNotAllocated",
     "ClaimNotFound",
     "ClaimReadError",
     "ClaimReplaced",
+    "check_claim_ref",
     "decode_claim",
     "read_claim",
 ]
@@ -94,6 +103,36 @@ class _Claim(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(_Claim)
 
 
+_SHOWN = 64
+
+
+def _shown(text: str) -> str:
+    """``text`` as an error message may quote it: long ones cut, with their length."""
+    if len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}...({len(text)} characters)"
+
+
+def check_claim_ref(namespace: str, name: str) -> None:
+    """Refuse a namespace or claim name the API server could never have stored
+    (``dracpu.k8s.names``), before any lookup: a hostile client's 4 MiB name would
+    otherwise be checked character by character by the HTTP client while it holds the
+    interpreter. Lengths come first, so the work is bounded whatever the input. Raises
+    ``ClaimReadError``."""
+    problem = ""
+    if not 0 < len(namespace) <= LABEL_MAX:
+        problem = f"invalid namespace: must be 1 to {LABEL_MAX} characters, not {len(namespace)}"
+    elif not is_dns1123_label(namespace):
+        problem = f"invalid namespace: {LABEL_SHAPE}"
+    elif not 0 < len(name) <= SUBDOMAIN_MAX:
+        problem = f"invalid name: must be 1 to {SUBDOMAIN_MAX} characters, not {len(name)}"
+    elif not is_dns1123_subdomain(name):
+        problem = f"invalid name: {SUBDOMAIN_SHAPE}"
+    if problem:
+        where = f"{_shown(namespace)}/{_shown(name)}"
+        raise ClaimReadError(namespace, name, f"retrieve claim {where}: {problem}")
+
+
 def _config(entry: _Config) -> DeviceConfig:
     opaque = entry.opaque
     return DeviceConfig(
@@ -157,6 +196,7 @@ async def read_claim(
     pool: str | None = None,
 ) -> ClaimAllocation:
     """GET the claim and check it (§7 step 1). Raises a ``ClaimReadError`` subclass."""
+    check_claim_ref(namespace, name)
     try:
         raw = await api.call_raw(api.resource.read_namespaced_resource_claim, name, namespace)
     except NotFound as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +25,7 @@ from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
 from dracpu.atomicfile import atomic_write
 from dracpu.cdi import CDIError, check_claim_uid
+from dracpu.k8s.names import is_dns1123_label, is_dns1123_subdomain
 
 __all__ = [
     "METADATA_DIR",
@@ -130,20 +130,11 @@ def metadata_spec(claim: ClaimAllocation, request: str, host_path: str) -> dict[
     }
 
 
-# What the API server accepts: namespaces and request names are DNS-1123 labels, claim
-# names DNS-1123 subdomains. Anything else did not come from a real claim. Holding names to
-# these rules keeps them from walking out of the metadata directory ("..", "/") and keeps
-# "<namespace>_<name>" unambiguous (neither may contain "_").
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?")
-
-
-def _is_label(part: str) -> bool:
-    return _DNS_LABEL.fullmatch(part) is not None
-
-
-def _is_subdomain(part: str) -> bool:
-    return len(part) <= 253 and _DNS_SUBDOMAIN.fullmatch(part) is not None and ".." not in part
+# Names held to what the API server accepts (dracpu.k8s.names) cannot walk out of the
+# metadata directory ("..", "/"), and "<namespace>_<name>" stays unambiguous (neither may
+# contain "_").
+_is_label = is_dns1123_label
+_is_subdomain = is_dns1123_subdomain
 
 
 def _uid_ok(uid: str) -> bool:
