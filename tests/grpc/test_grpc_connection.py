@@ -10,7 +10,14 @@ import h2.events
 import hpack
 from grpclib.const import Status
 from h2.errors import ErrorCodes
-from hyperframe.frame import ContinuationFrame, Frame, GoAwayFrame, HeadersFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    RstStreamFrame,
+    WindowUpdateFrame,
+)
 
 from dracpu.grpc.connection import (
     MAX_HEADER_BLOCK_SIZE,
@@ -51,7 +58,14 @@ class Pair:
             if not to_server and not to_client:
                 return events
 
-    def request(self, body: bytes | None, extra: list[tuple[bytes, bytes]] | None = None) -> int:
+    def request(
+        self,
+        body: bytes | None,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        *,
+        more: bool = False,
+    ) -> int:
+        """Open a call; ``more``: the message goes on in later DATA frames."""
         sid: int = self.client.get_next_available_stream_id()
         headers = [
             (b":method", b"POST"),
@@ -64,7 +78,7 @@ class Pair:
         ]
         self.client.send_headers(sid, headers, end_stream=body is None)
         if body is not None:
-            self.client.send_data(sid, body, end_stream=True)
+            self.client.send_data(sid, body, end_stream=not more)
         return sid
 
     def of(self, kind: type, sid: int) -> list[Any]:
@@ -388,3 +402,30 @@ def test_every_outbound_header_value_is_bounded() -> None:
     # The 415 text quotes the request's content-type: escaped and cut like any message.
     assert len(headers[b"grpc-message"]) == MAX_STATUS_MESSAGE
     assert headers[b"grpc-message"].startswith(b"invalid gRPC content-type 'text/\\x01zzz")
+
+
+def test_frames_of_a_stream_the_server_reset_are_ignored_not_reset_again() -> None:
+    # RFC 9113 5.1: after sending RST_STREAM, frames received on the stream are ignored.
+    pair = Pair()
+    pair.server = GRPCServerConnection(max_message_size=1000)
+    pair.server.initiate()
+    pair.client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    pair.client.initiate_connection()
+    pair.exchange()
+    sid = pair.request(b"\x00" + (300_000).to_bytes(4, "big") + b"a" * 16_000, more=True)
+    pair.server.receive_data(pair.client.data_to_send())
+    refused = _frames(pair.server.data_to_send())
+    assert [type(f).__name__ for f in refused] == ["HeadersFrame", "RstStreamFrame"]
+    # The client keeps sending the rest before it reads the answer and the reset.
+    late = b""
+    for _ in range(3):
+        pair.client.send_data(sid, b"b" * 16_000)
+        late += pair.client.data_to_send()
+    assert pair.server.receive_data(late) == []
+    after = _frames(pair.server.data_to_send())
+    assert not [f for f in after if isinstance(f, RstStreamFrame)]
+    # The late bytes still count against the connection's window, which is given back.
+    updates = [f for f in after if isinstance(f, WindowUpdateFrame)]
+    assert updates and {f.stream_id for f in updates} == {0}

@@ -36,6 +36,7 @@ import h2.exceptions
 import h2.settings
 from grpclib.const import Status
 from h2.errors import ErrorCodes
+from h2.stream import StreamClosedBy
 from hpack import Encoder, HeaderTuple
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
@@ -425,6 +426,22 @@ class _H2Connection(h2.connection.H2Connection):
     # kubelet keeps one connection for all its calls, so that table grew with every call
     # (~2 MB per 10,000 in the soak). Frames for a stream this far in the past are rare.
     MAX_CLOSED_STREAMS = 1024
+
+    def _handle_data_on_closed_stream(
+        self,
+        events: list[h2.events.Event],
+        exc: h2.exceptions.StreamClosedError,
+        frame: Any,
+    ) -> tuple[list[Any], list[h2.events.Event]]:
+        # The rest of a request we refused (a message over the limit, answered early) is
+        # still on its way when the client reads our RST_STREAM. RFC 9113 5.1: after
+        # sending RST_STREAM an endpoint MUST ignore frames it receives on the stream; h2
+        # answers each with another RST_STREAM. Keep the connection's WINDOW_UPDATE (the
+        # bytes count against the connection window either way), drop the second reset.
+        frames, events = super()._handle_data_on_closed_stream(events, exc, frame)
+        if self._stream_closed_by(frame.stream_id) is StreamClosedBy.SEND_RST_STREAM:
+            frames = [f for f in frames if not isinstance(f, RstStreamFrame)]
+        return frames, events
 
 
 class GRPCServerConnection:
