@@ -14,7 +14,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-OVERLAYS = ("grouped", "individual", "custom-kubelet-root", "node-selector")
+# The installs: each renders the whole driver (tests/deploy/test_deploy_manifests.py).
+OVERLAYS = ("grouped", "individual", "custom-kubelet-root", "node-selector", "no-admission-policy")
+# The grouped install plus monitoring objects (tests/deploy/test_monitoring.py).
+MONITORING_OVERLAYS = ("monitoring", "monitoring-servicemonitor")
 KUBECTL_FALLBACK = Path("/usr/bin/kubectl")
 
 

@@ -37,7 +37,10 @@ KINDS = {
     "ConfigMap",
     "DaemonSet",
     "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 NAMESPACED = {"ServiceAccount", "ConfigMap", "DaemonSet"}
 
 # behavior.md §17.2, row by row: (apiGroups, resources, resourceNames, verbs).
@@ -110,7 +113,8 @@ def _daemon_config(
 @pytest.mark.parametrize("name", ["base", *OVERLAYS])
 def test_renders_the_expected_objects(render: Render, name: str) -> None:
     objects = render(name)
-    assert sorted(o["kind"] for o in objects) == sorted(KINDS)
+    expected = KINDS - POLICY_KINDS if name == "no-admission-policy" else KINDS
+    assert sorted(o["kind"] for o in objects) == sorted(expected)
     for obj in objects:
         assert obj["metadata"]["labels"]["app"] == "dracpu", obj["kind"]
         namespace = obj["metadata"].get("namespace")
@@ -205,7 +209,11 @@ def test_daemonset_pod_shape(render: Render, name: str) -> None:
     pod = _pod(objects)
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["hostNetwork"] is True
-    assert pod["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        {"operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute"},
+    ]
+    assert pod["nodeSelector"]["kubernetes.io/os"] == "linux"
     container = _container(objects)
     assert container["image"] == IMAGE
     assert container["env"] == [
@@ -322,6 +330,7 @@ _HASHED = re.compile(r"dracpu-config-[a-z0-9]{10}")
         ("individual", "individual", "numanode"),
         ("custom-kubelet-root", "grouped", "numanode"),
         ("node-selector", "grouped", "numanode"),
+        ("no-admission-policy", "grouped", "numanode"),
     ],
 )
 def test_overlay_config(
@@ -397,10 +406,58 @@ def test_node_selector_overlay_differs_only_in_the_node_selector(render: Render)
     grouped = {o["kind"]: o for o in render("grouped")}
     selected = {o["kind"]: o for o in render("node-selector")}
     diffs = {kind: _same_except(grouped[kind], selected[kind]) for kind in KINDS}
-    assert diffs.pop("DaemonSet") == ["/spec/template/spec/nodeSelector"]
+    assert diffs.pop("DaemonSet") == ["/spec/template/spec/nodeSelector/dra.cpu/enabled"]
     assert all(not d for d in diffs.values()), diffs
     pod = selected["DaemonSet"]["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"dra.cpu/enabled": "true"}
+    # Added beside the base's Linux selector, not instead of it.
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "dra.cpu/enabled": "true"}
+
+
+def test_no_admission_policy_overlay_only_leaves_out_the_policy(render: Render) -> None:
+    grouped = render("grouped")
+    without = render("no-admission-policy")
+    assert [o for o in grouped if o["kind"] not in POLICY_KINDS] == without
+
+
+# -- where the pod runs, and what it tolerates ---------------------------------------------------
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, str]) -> bool:
+    """Kubernetes' matching (k8s.io/api/core/v1 Toleration.ToleratesTaint): an empty key
+    with Exists matches every key, an empty effect every effect; Equal compares values."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+            continue
+        if toleration.get("key") and toleration["key"] != taint["key"]:
+            continue
+        operator = toleration.get("operator", "Equal")
+        if operator == "Exists" or toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_pod_stays_on_tainted_nodes(render: Render, name: str) -> None:
+    """A node tainted NoExecute may still run pods with claims: dracpu is not evicted."""
+    tolerations = _pod(render(name))["tolerations"]
+    for taint in (
+        {"key": "example.com/maintenance", "value": "true", "effect": "NoExecute"},
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+        {"key": "dedicated", "value": "latency", "effect": "NoExecute"},
+    ):
+        assert _tolerates(tolerations, taint), taint
+    # The matcher is not vacuous: the old tolerations let a NoExecute taint evict the pod.
+    old = [{"operator": "Exists", "effect": "NoSchedule"}]
+    assert not _tolerates(old, {"key": "dedicated", "value": "x", "effect": "NoExecute"})
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_pod_runs_on_linux_nodes_only(render: Render, name: str) -> None:
+    selector = _pod(render(name))["nodeSelector"]
+    assert selector["kubernetes.io/os"] == "linux"
+    windows = {"kubernetes.io/os": "windows", "dra.cpu/enabled": "true"}
+    assert not all(windows.get(k) == v for k, v in selector.items())
 
 
 # -- what users do with it -----------------------------------------------------------------
