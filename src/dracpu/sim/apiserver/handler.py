@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from dracpu.sim.apiserver import discovery, errors, openapi
+from dracpu.sim.apiserver import discovery, errors, openapi, tables
 from dracpu.sim.apiserver.apply import APPLY_PATCH, decode_apply_body
 from dracpu.sim.apiserver.errors import ApiError, FieldError
 from dracpu.sim.apiserver.faults import CallCounter, FaultInjector, RequestLog
@@ -163,7 +163,8 @@ def _truthy(value: str | None) -> bool:
 
 class Handler:
     """``clock`` (seconds, monotonic) times the rate limit and the request log;
-    ``requests``, when set, logs every request that names a resource."""
+    ``requests``, when set, logs every request that names a resource; ``wall_clock``
+    (seconds since the epoch) gives the ages in a Table."""
 
     def __init__(
         self,
@@ -174,6 +175,7 @@ class Handler:
         *,
         clock: Callable[[], float] = time.monotonic,
         requests: RequestLog | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.faults = faults
@@ -181,6 +183,7 @@ class Handler:
         self.server_address = server_address
         self.clock = clock
         self.requests = requests
+        self.wall_clock = wall_clock  # pods' ages in a Table
 
     def handle(self, request: Request) -> Response | WatchStart | DropConnection:
         try:
@@ -274,19 +277,18 @@ class Handler:
                 return self._watch(route, query, labels, fields)
             if route.verb == "deletecollection":
                 return _json(200, store.delete_collection(r, ns, labels, fields))
-            return _json(
-                200,
-                store.list(
-                    r,
-                    ns,
-                    labels,
-                    fields,
-                    resource_version=query.get("resourceVersion"),
-                    resource_version_match=query.get("resourceVersionMatch"),
-                    limit=_int_param(query, "limit"),
-                    continue_token=query.get("continue") or None,
-                ),
+            listed = store.list(
+                r,
+                ns,
+                labels,
+                fields,
+                resource_version=query.get("resourceVersion"),
+                resource_version_match=query.get("resourceVersionMatch"),
+                limit=_int_param(query, "limit"),
+                continue_token=query.get("continue") or None,
             )
+            table = self._table(route, request, query, listed["items"], listed["metadata"])
+            return table or _json(200, listed)
         content_type = request.headers.get("content-type", "").split(";")[0].strip()
         _check_write_options(route.verb, content_type, query)
         if route.verb == "create" and route.subresource == "binding":
@@ -299,7 +301,8 @@ class Handler:
             return _json(201, store.create(r, ns, _decode(request.body)))
         assert route.name is not None
         if route.verb == "get":
-            return _json(200, store.get(r, ns, route.name))
+            got = store.get(r, ns, route.name)
+            return self._table(route, request, query, [got], {}) or _json(200, got)
         if route.verb == "update":
             return _json(
                 200,
@@ -338,6 +341,35 @@ class Handler:
             options["gracePeriodSeconds"] = grace
         body, status = store.delete(r, ns, route.name, options)
         return _json(status, body)
+
+    def _table(
+        self,
+        route: Route,
+        request: Request,
+        query: dict[str, str],
+        items: list[Any],
+        list_metadata: dict[str, Any],
+    ) -> Response | None:
+        """The pods as a ``meta.k8s.io`` Table when the client asks for one (kubectl get);
+        None for plain JSON (other kinds too: kubectl then prints NAME and AGE itself)."""
+        version = tables.table_version(request.headers.get("accept", ""))
+        if version is None or route.resource.plural != "pods":
+            return None
+        include = query.get("includeObject") or "Metadata"
+        if include not in ("None", "Metadata", "Object"):
+            raise errors.bad_request(
+                f'includeObject: Unsupported value: "{include}": supported values: '
+                '"None", "Metadata", "Object"'
+            )
+        doc = tables.pod_table(
+            items,
+            now=self.wall_clock(),
+            version=version,
+            include_object=include,
+            list_metadata=list_metadata,
+        )
+        content_type = f"application/json;as=Table;v={version};g=meta.k8s.io"
+        return Response(200, msgspec.json.encode(doc), (("content-type", content_type),))
 
     def _watch(
         self, route: Route, query: dict[str, str], labels: LabelSelector, fields: FieldSelector
