@@ -78,7 +78,7 @@ def test_templates_and_deployments() -> None:
         {"name": "cpus", "resourceClaimTemplateName": "t"}
     ]
     # A template lives in the pod's namespace.
-    with pytest.raises(ScenarioError, match="ResourceClaimTemplate team/t is not defined"):
+    with pytest.raises(ScenarioError, match="ResourceClaimTemplate team/t is not in the scenario"):
         parse_scenario(TEMPLATE + "---" + DEPLOYMENT)
 
 
@@ -135,10 +135,11 @@ def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
             "s: document 2 (ResourceClaim four): ResourceClaim default/four defined twice",
         ),
         (
-            CLAIM.replace("requests:\n    - name: cpus", "requests: []\n    x:\n    - name: c"),
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: four}\n"
+            "spec: {devices: {requests: []}}",
             "spec.devices.requests must be a non-empty list",
         ),
-        (POD, "ResourceClaim default/four is not defined earlier in the scenario"),
+        (POD, "ResourceClaim default/four is not in the scenario"),
         (
             CLAIM + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec: {containers: []}",
             "document 2 (Pod q): a pod needs at least one container",
@@ -153,7 +154,7 @@ def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
             "apiVersion: v1\nkind: Pod\nmetadata: {name: q}\nspec:\n"
             + "  resourceClaims: [{name: x, resourceClaimTemplateName: t}]\n"
             + "  containers: [{name: c}]",
-            "ResourceClaimTemplate default/t is not defined earlier in the scenario",
+            "ResourceClaimTemplate default/t is not in the scenario",
         ),
         (
             CLAIM
@@ -247,3 +248,94 @@ def test_default_scenario_machine_grouping_has_no_claims() -> None:
     sc = default_scenario(topo, mode="grouped", group_by="machine", reserved=0)
     assert sc.claims == []
     assert all("machine grouping takes cpusets from an external scheduler" in n for n in sc.notes)
+    # The NUMA-pinned claim too (it was dropped without a word).
+    assert sc.notes[0].startswith("claim numa-pinned (2 CPUs) left out: machine grouping")
+
+
+BUILT_IN_CLAIMS = ("numa-pinned", "full-cores", "grouped", "short-lived")
+
+
+@pytest.mark.parametrize("fixture", ["xeon-2s-ht", "epyc-nps4", "intel-hybrid", "vm-1cpu"])
+@pytest.mark.parametrize(
+    ("mode", "group_by"),
+    [
+        ("grouped", "numanode"),
+        ("grouped", "socket"),
+        ("grouped", "machine"),
+        ("individual", "numanode"),
+    ],
+)
+def test_every_built_in_claim_is_there_or_has_a_note(
+    fixture: str, mode: str, group_by: str
+) -> None:
+    topo = discover_from_root(FIXTURES / fixture)
+    for reserved in (0, 1, topo.num_cpus):
+        sc = default_scenario(topo, mode=mode, group_by=group_by, reserved=reserved)
+        present = {c["metadata"]["name"] for c in sc.claims}
+        for name in BUILT_IN_CLAIMS:
+            noted = [n for n in sc.notes if n.startswith(f"claim {name} ") and " left out: " in n]
+            assert (name in present) != bool(noted), (fixture, mode, group_by, reserved, name)
+
+
+def test_documents_in_any_order() -> None:
+    # As `kubectl apply -f` takes them: the pod first, its claim and template after.
+    pod_with_both = POD.replace(
+        "resourceClaims: [{name: cpus, resourceClaimName: four}]",
+        "resourceClaims:\n  - {name: cpus, resourceClaimName: four}\n"
+        "  - {name: more, resourceClaimTemplateName: t}",
+    )
+    sc = parse_scenario(
+        pod_with_both
+        + "---"
+        + DEPLOYMENT.replace("team", "default")
+        + "---"
+        + CLAIM
+        + "---"
+        + TEMPLATE
+    )
+    assert [c["metadata"]["name"] for c in sc.claims] == ["four"]
+    assert [t["metadata"]["name"] for t in sc.templates] == ["t"]
+    # Pods keep the order they were given in.
+    assert [p["metadata"]["name"] for p in sc.pods] == ["p", "web-0", "web-1", "web-2"]
+    assert sc.origin(sc.pods[1]) == "scenario: document 2 (Deployment web)"
+    assert sc.origin(sc.claims[0]) == "scenario: document 3 (ResourceClaim four)"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            CLAIM.replace("capacity:", "capacty:"),
+            "s: document 1 (ResourceClaim four): unknown field "
+            '"spec.devices.requests[0].exactly.capacty" (not in the resource.k8s.io/v1 '
+            "ResourceClaim schema)",
+        ),
+        (
+            CLAIM.replace("capacity: {", "selector: [], capacity: {"),
+            "s: document 1 (ResourceClaim four): unknown field "
+            '"spec.devices.requests[0].exactly.selector"',
+        ),
+        (
+            CLAIM + "---" + POD.replace("  - name: c\n", "  - name: c\n    imagee: x\n"),
+            's: document 2 (Pod p): unknown field "spec.containers[0].imagee"',
+        ),
+        (
+            TEMPLATE.replace("count: 2", "count: 2, cont: 1")
+            + "---"
+            + DEPLOYMENT.replace("replicas: 3", "replicas: 3\n  replcas: 2").replace(
+                "team", "default"
+            ),
+            "s: document 1 (ResourceClaimTemplate t): unknown field "
+            '"spec.spec.devices.requests[0].exactly.cont"',
+        ),
+        (
+            DEPLOYMENT.replace("replicas: 3", "replicas: 3\n  replcas: 2"),
+            's: document 1 (Deployment web): unknown field "spec.replcas"',
+        ),
+    ],
+)
+def test_a_misspelt_field_is_named_with_its_path(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "s")
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)

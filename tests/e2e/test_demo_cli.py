@@ -8,6 +8,8 @@ the runtime's cgroup tree.
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from dracpu.cpuset import CPUSet
 from dracpu.topology.discover import discover_from_root
 
 FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
+REPO = Path(__file__).parents[2]
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -250,3 +253,149 @@ def test_keep_running_serves_until_interrupted() -> None:
     # The daemon stopped with the demo and the work directory is gone.
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     assert not Path(workdir).exists()
+
+
+# -- issue 26: the demo's report and its errors ------------------------------------------------
+
+UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_a_misspelt_field_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    scenario = tmp_path / "typo.yaml"
+    scenario.write_text(
+        (REPO / "docs/examples/grouped-claim.yaml").read_text().replace("capacity:", "capacty:")
+    )
+    proc = run_demo("--sysfs-root", str(FIXTURES / "xeon-2s-ht"), "--scenario", str(scenario))
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"dracpu: {scenario}: document 1 (ResourceClaim four-cpus): unknown ")
+    assert '"spec.devices.requests[0].exactly.capacty"' in line
+
+
+def _stamped(out: str, needle: str) -> list[float]:
+    """The elapsed times of the progress lines that contain ``needle``."""
+    return [float(ln[1:6]) for ln in out.splitlines() if ln.startswith("[") and needle in ln]
+
+
+def test_pods_that_cannot_start_fail_fast(tmp_path: Path) -> None:
+    docs = []
+    for i in range(4):
+        docs.append(
+            f"apiVersion: v1\nkind: Pod\nmetadata: {{name: greedy-{i}}}\nspec:\n"
+            f"  resourceClaims: [{{name: cpus, resourceClaimName: huge-{i}}}]\n"
+            "  containers: [{name: app, resources: {claims: [{name: cpus}]}}]\n"
+        )
+        # Claims after the pods: documents may come in any order.
+        docs.append(
+            f"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: huge-{i}}}\n"
+            "spec:\n  devices:\n    requests:\n    - name: cpus\n      exactly:\n"
+            "        deviceClassName: dra.cpu\n"
+            '        capacity: {requests: {dra.cpu/cpu: "500"}}\n'
+        )
+    scenario = tmp_path / "greedy.yaml"
+    scenario.write_text("---\n".join(docs[0::2] + docs[1::2]))
+    proc = run_demo("--sysfs-root", str(FIXTURES / "xeon-2s-ht"), "--scenario", str(scenario))
+    assert proc.returncode == 1, proc.stderr
+    applied = _stamped(proc.stdout, "applied scenario")
+    refused = _stamped(proc.stdout, " not running: ")
+    assert len(applied) == 1 and len(refused) == 4, proc.stdout
+    # Each one used to cost a second's second look; now the scheduler's word is final.
+    assert refused[-1] - applied[0] < 2.0, proc.stdout
+    assert len(proc.stderr.splitlines()) == 4
+    assert all("500" in line for line in proc.stderr.splitlines())
+
+
+def test_errors_name_pods_not_uids(tmp_path: Path) -> None:
+    # Two pods whose containers use one claim: the daemon binds it to the first container
+    # and refuses the second, naming the holder by UID.
+    scenario = tmp_path / "shared.yaml"
+    scenario.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: first}\nspec:\n"
+        "  resourceClaims: [{name: cpus, resourceClaimName: two}]\n"
+        "  containers: [{name: app, resources: {claims: [{name: cpus}]}}]\n"
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {name: second}\nspec:\n"
+        "  resourceClaims: [{name: cpus, resourceClaimName: two}]\n"
+        "  containers: [{name: app, resources: {claims: [{name: cpus}]}}]\n"
+        "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: two}\n"
+        "spec:\n  devices:\n    requests:\n    - name: cpus\n      exactly:\n"
+        "        deviceClassName: dra.cpu\n"
+        '        capacity: {requests: {dra.cpu/cpu: "2"}}\n'
+    )
+    proc = run_demo("--sysfs-root", str(FIXTURES / "xeon-2s-ht"), "--scenario", str(scenario))
+    assert proc.returncode == 1, proc.stdout
+    assert "pod default/first running" in proc.stdout
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("dracpu demo: claim default/two: "), line
+    assert "already bound to pod default/first" in line, line
+    assert not UID.search(proc.stderr + proc.stdout), proc.stderr
+
+
+def test_shared_pool_access_is_told_apart() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dracpu",
+            "demo",
+            "--sysfs-root",
+            "tests/fake_sysfs/xeon-2s-ht",
+            "--scenario",
+            "docs/examples/shared-pool-access.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("  default/packet-processor/")]
+    fields = line.split()
+    assert fields[1:5] == ["exclusive", "+", "shared", "pool"], line
+    cpus, claimed, pool = (
+        CPUSet.parse(fields[5]),
+        CPUSet.parse(fields[7]),
+        CPUSet.parse(fields[11][:-1]),
+    )
+    assert len(claimed) == 4 and cpus == claimed | pool and not claimed & pool, line
+    assert "(claimed" in line and "+ shared pool" in line
+
+
+def test_a_daemon_that_dies_midway_is_one_line() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dracpu",
+            "demo",
+            "--sysfs-root",
+            str(FIXTURES / "xeon-2s-ht"),
+            "--keep-running",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    kept = ""
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        text = ""
+        for line in proc.stdout:
+            text += line
+            if line.startswith("  sockets:"):
+                break
+        pid = int(text.split("dracpu run (pid ", 1)[1].split(")", 1)[0])
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == 1
+        [line] = proc.stderr.read().splitlines()
+        assert line.startswith(
+            f"dracpu: demo: dracpu run (pid {pid}) was killed by SIGKILL while the demo was running"
+        ), line
+        kept = line.rsplit("; its log: ", 1)[1]
+        assert kept.startswith("/tmp/dracpu-demo-daemon-") and Path(kept).stat().st_size > 0
+        assert "URLError" not in line and "Traceback" not in line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if kept:
+            Path(kept).unlink(missing_ok=True)

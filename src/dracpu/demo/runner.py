@@ -14,6 +14,8 @@ print them with the CPU map.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -34,7 +36,10 @@ from dracpu.demo.offline import (
     writable_sysfs,
 )
 from dracpu.demo.scenario import Scenario
+from dracpu.demo.uids import UIDNames
+from dracpu.k8s.client import K8sError
 from dracpu.sim.apiserver import SimAPIServer
+from dracpu.sim.apiserver.errors import ApiError
 from dracpu.sim.node import DaemonProcess, SimNode, SimNodeError
 from dracpu.sim.scheduler.templates import generated_claim_names, template_entries
 from dracpu.topology.model import Topology
@@ -42,6 +47,7 @@ from dracpu.topology.model import Topology
 __all__ = ["DemoError", "DemoOptions", "DemoResult", "run_demo"]
 
 SETTLE_TIMEOUT = 30.0
+CONVERGE_TIMEOUT = 3.0  # for the containers' cpusets to follow the last pool change
 
 
 class DemoError(Exception):
@@ -68,6 +74,8 @@ class DemoResult:
     slices: list[dict[str, Any]] = field(default_factory=list)
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)
+    # container -> "shared pool", "exclusive", "exclusive + shared pool" or "unexpected"
+    container_kinds: dict[str, str] = field(default_factory=dict)
     shared_pool: str = ""
     reserved: str = ""
     problems: list[str] = field(default_factory=list)
@@ -89,6 +97,7 @@ class _Applied:
 
     problems: dict[str, str] = field(default_factory=dict)
     generated: dict[str, dict[str, str]] = field(default_factory=dict)
+    names: UIDNames = field(default_factory=UIDNames)
 
 
 def _without_prefix(text: str, prefix: str) -> str:
@@ -114,21 +123,35 @@ def _claim_key(obj: dict[str, Any]) -> str:
 
 
 def _pod_problem(node: SimNode, pod_ref: str) -> str | None:
-    """Why a pod is not running: the scheduler's or the kubelet's last word on it."""
+    """Why a pod is not running, once the kubelet or the scheduler has said so: the
+    kubelet's last start error, or the scheduler's ``PodScheduled=False`` (Unschedulable)
+    condition on a pod it has not bound."""
     state = node.pod_states().get(pod_ref)
     if state is not None and state["errors"]:
         return str(state["errors"][-1])
-    if node.scheduler is not None:
-        for event in reversed(node.scheduler.events):
-            if event.pod == pod_ref and event.kind == "FailedScheduling":
-                return event.message
+    ns, name = pod_ref.split("/", 1)
+    try:
+        pod = node.api.get("pods", name, ns)
+    except ApiError:
+        return None
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None  # bound: the kubelet has the next word
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            return str(condition.get("message", "unschedulable"))
     return None
 
 
 async def _wait_settled(
-    node: SimNode, pods: list[str], progress: Callable[[str], None]
+    node: SimNode, pods: list[str], progress: Callable[[str], None], names: UIDNames
 ) -> dict[str, str]:
-    """Wait until each pod runs or has a reason not to; returns pod -> problem."""
+    """Wait until each pod runs or the kubelet or scheduler has said why it does not (no
+    second look: in the demo nothing changes that would let a refused pod start);
+    returns pod -> problem."""
     reported: set[str] = set()
     problems: dict[str, str] = {}
     with trio.move_on_after(SETTLE_TIMEOUT):
@@ -149,17 +172,15 @@ async def _wait_settled(
                     continue
                 problem = _pod_problem(node, ref)
                 if problem is not None:
+                    problem = names.refresh(node).name(problem)
                     if problems.get(ref) != problem:
                         progress(f"pod {ref} not running: {problem}")
                     problems[ref] = problem
                 else:
                     pending = True
             if not pending and len(reported) + len(problems) == len(pods):
-                # Stuck pods get one more look after a retry interval before we give up.
-                await trio.sleep(1.0 if problems else 0)
-                if all(node.pod_states().get(r, {}).get("phase") != "Running" for r in problems):
-                    return problems
-            await trio.sleep(0.1)
+                return problems
+            await trio.sleep(0.05)
     for ref in pods:
         if ref not in reported and ref not in problems:
             problems[ref] = f"not running after {SETTLE_TIMEOUT:.0f} s"
@@ -226,6 +247,39 @@ def _claim_rows(
     return rows
 
 
+def _container_claims(scenario: Scenario, applied: _Applied) -> dict[str, list[str]]:
+    """``ns/pod/container`` -> the claim keys (``ns/name``) the container uses, from its
+    ``resources.claims`` and the pod's ``spec.resourceClaims`` (generated names included)."""
+    out: dict[str, list[str]] = {}
+    for pod in scenario.pods:
+        ns, ref = pod["metadata"]["namespace"], _claim_key(pod)
+        generated = applied.generated.get(ref, {})
+        claim_of = {
+            entry.get("name"): entry.get("resourceClaimName") or generated.get(entry.get("name"))
+            for entry in pod["spec"].get("resourceClaims") or []
+        }
+        for ctr in pod["spec"]["containers"]:
+            uses = [
+                claim_of.get(u.get("name"))
+                for u in (ctr.get("resources") or {}).get("claims") or []
+            ]
+            out[f"{ref}/{ctr['name']}"] = [f"{ns}/{name}" for name in uses if name]
+    return out
+
+
+def container_kind(cpus: CPUSet, claimed: CPUSet, shared_pool: CPUSet) -> str:
+    """What a container's cpuset read back is: ``shared pool``; ``exclusive`` (exactly its
+    claims' CPUs); ``exclusive + shared pool`` (its claims' CPUs and the shared pool: a
+    claim with ``sharedPoolAccess``); anything else is ``unexpected``."""
+    if not claimed:
+        return "shared pool" if cpus == shared_pool else "unexpected"
+    if cpus == claimed:
+        return "exclusive"
+    if shared_pool and cpus == claimed | shared_pool:
+        return "exclusive + shared pool"
+    return "unexpected"
+
+
 async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> DemoResult:
     result = DemoResult(notes=list(scenario.notes))
     result.slices = node.api.list("resourceslices")
@@ -234,26 +288,57 @@ async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> Demo
     result.reserved = state.get("reserved", "")
     held = {c["uid"]: c["cpus"] for c in state.get("claims") or []}
     live = {_claim_key(c): c["metadata"]["uid"] for c in node.api.list("resourceclaims")}
+    names = applied.names.refresh(node)
+    problems = {ref: names.name(problem) for ref, problem in applied.problems.items()}
     explained: set[str] = set()
     for key, users, extra in _claim_rows(scenario, applied):
         error = None
         for ref in users:
-            problem = applied.problems.get(ref)
+            problem = problems.get(ref)
             if problem is not None:
                 error = _without_prefix(_without_prefix(problem, f"pod {ref}: "), f"claim {key}: ")
                 explained.add(ref)
         result.claims[key] = {"cpus": held.get(live.get(key, ""), ""), "error": error, **extra}
         if error:
             result.problems.append(f"claim {key}: {error}")
-    for ref, problem in applied.problems.items():
+    for ref, problem in problems.items():
         if ref not in explained:
             result.problems.append(f"pod {ref}: {_without_prefix(problem, f'pod {ref}: ')}")
+    uses = _container_claims(scenario, applied)
+    # The pool's last change may still be on its way to a container: look again briefly.
+    with trio.move_on_after(CONVERGE_TIMEOUT):
+        while True:
+            _read_containers(node, result, uses)
+            if "unexpected" not in result.container_kinds.values():
+                break
+            await trio.sleep(0.1)
+            result.shared_pool = (await node.debug_state()).get("sharedPool", "")
+    return result
+
+
+def _read_containers(node: SimNode, result: DemoResult, uses: dict[str, list[str]]) -> None:
+    """Each running container's cpuset read back, and what it is (``container_kind``)."""
+    result.containers.clear()
+    result.container_kinds.clear()
+    pool = CPUSet.parse(result.shared_pool)
     for ref, st in sorted(node.pod_states().items()):
         if st["phase"] != "Running":
             continue
         for ctr_name, ctr in st["containers"].items():
-            result.containers[f"{ref}/{ctr_name}"] = node.cpuset_of(ctr["id"])
-    return result
+            key = f"{ref}/{ctr_name}"
+            cpus = node.cpuset_of(ctr["id"])
+            result.containers[key] = cpus
+            claimed = CPUSet()
+            for claim in uses.get(key, []):
+                claimed |= CPUSet.parse(result.claims.get(claim, {}).get("cpus") or "")
+            result.container_kinds[key] = container_kind(CPUSet.parse(cpus), claimed, pool)
+
+
+def _container_line(key: str, width: int, cpus: str, kind: str, shared_pool: str) -> str:
+    if kind == "exclusive + shared pool":
+        own = (CPUSet.parse(cpus) - CPUSet.parse(shared_pool)).format()
+        return f"  {key:<{width}} {kind:<23} {cpus} (claimed {own} + shared pool {shared_pool})\n"
+    return f"  {key:<{width}} {kind:<23} {cpus}\n"
 
 
 def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
@@ -282,8 +367,8 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             w(f"  {key:<{width}} (no CPUs held: unprepared){origin}\n")
     w("\nContainers (cpuset read back from the cgroup tree):\n")
     for key, ctr_cpus in result.containers.items():
-        kind = "shared pool" if ctr_cpus == result.shared_pool else "exclusive"
-        w(f"  {key:<{width}} {kind:<12} {ctr_cpus}\n")
+        kind = result.container_kinds.get(key, "unexpected")
+        w(_container_line(key, width, ctr_cpus, kind, result.shared_pool))
     w("\nCPU map:\n")
     claims = {k: CPUSet.parse(v["cpus"]) for k, v in result.claims.items() if v["cpus"]}
     w(
@@ -342,13 +427,21 @@ async def _start_daemon(
     return daemon
 
 
+async def _create(node: SimNode, scenario: Scenario, obj: dict[str, Any]) -> None:
+    """Create one scenario object; a refusal names the document it came from."""
+    try:
+        await node.create(obj)
+    except K8sError as exc:
+        raise DemoError(f"{scenario.origin(obj)}: the API server refused it: {exc}") from None
+
+
 async def _apply(node: SimNode, scenario: Scenario, progress: _Progress) -> _Applied:
     """Templates and claims first, then each pod, waited for before the next one: the
     daemon then prepares claims in scenario order, so a run is repeatable."""
     for template in scenario.templates:
-        await node.create(template)
+        await _create(node, scenario, template)
     for claim in scenario.claims:
-        await node.create(claim)
+        await _create(node, scenario, claim)
     progress(
         f"applied scenario: {len(scenario.templates)} claim template(s), "
         f"{len(scenario.claims)} claim(s), {len(scenario.pods)} pod(s)"
@@ -356,13 +449,14 @@ async def _apply(node: SimNode, scenario: Scenario, progress: _Progress) -> _App
     applied = _Applied()
     for pod in scenario.pods:
         ref = _claim_key(pod)
-        await node.create(pod)
-        applied.problems.update(await _wait_settled(node, [ref], progress))
+        await _create(node, scenario, pod)
+        applied.problems.update(await _wait_settled(node, [ref], progress, applied.names))
         if template_entries(pod):
             live = node.api.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
             applied.generated[ref] = generated_claim_names(live)
             for pod_claim, claim_name in applied.generated[ref].items():
                 progress(f"pod {ref}: claim {pod_claim} generated from its template: {claim_name}")
+    applied.names.refresh(node)
     return applied
 
 
@@ -444,10 +538,73 @@ async def _serve_until_signal(
     out.write("Stopping the daemon and the simulated node.\n")
 
 
+async def _steps(
+    node: SimNode,
+    opts: DemoOptions,
+    daemon: DaemonProcess,
+    sysfs_root: str,
+    workdir: str,
+    out: TextIO,
+    progress: _Progress,
+) -> DemoResult:
+    applied = await _apply(node, opts.scenario, progress)
+    await _offline_marked(node, opts.scenario, applied, sysfs_root, progress)
+    await _delete_marked(node, opts.scenario, applied, progress)
+    result = await _collect(node, opts.scenario, applied)
+    _report(opts, result, out)
+    if opts.keep_running:
+        await _serve_until_signal(node, daemon, workdir, out)
+    return result
+
+
+async def _watch_daemon(daemon: DaemonProcess, scope: trio.CancelScope) -> None:
+    """Stop the demo's steps when the daemon exits under them."""
+    await daemon.process.wait()
+    scope.cancel()
+
+
+async def _has_exited(daemon: DaemonProcess, grace: float = 2.0) -> bool:
+    """Whether the daemon has exited (or does within ``grace``: an error may reach the demo
+    before the daemon's exit does)."""
+    with trio.move_on_after(grace):
+        await daemon.process.wait()
+    return not daemon.running()
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _daemon_death(daemon: DaemonProcess, keep_log: bool) -> str:
+    """One line: how the daemon ended, its log's last line, and where the whole log is
+    (copied out of the work directory when that is about to be removed)."""
+    log = daemon.log_path
+    if not keep_log:
+        fd, kept = tempfile.mkstemp(prefix="dracpu-demo-daemon-", suffix=".log", dir="/tmp")
+        os.close(fd)
+        try:
+            shutil.copyfile(daemon.log_path, kept)
+            log = kept
+        except OSError:
+            log = "(lost with the work directory)"
+    last = next((line for line in reversed(daemon.log_tail(5).splitlines()) if line.strip()), "")
+    tail = f"; its last log line: {last.strip()}" if last else ""
+    return (
+        f"dracpu run (pid {daemon.process.pid}) {_exit_text(daemon.process.returncode)} while "
+        f"the demo was running{tail}; its log: {log}"
+    )
+
+
 async def _run_on(
     node: SimNode, opts: DemoOptions, workdir: str, out: TextIO, progress: _Progress
 ) -> DemoResult:
-    """Every step of the demo on a running simulated node."""
+    """Every step of the demo on a running simulated node; a daemon that exits midway ends
+    the demo with one line saying so."""
     progress(
         f"simulated node {node.node_name}: API server {node.api.url}, NRI runtime "
         f"{node.nri_socket} (cgroup v{node.cgroup_version}, {node.cgroup_driver} driver), "
@@ -459,19 +616,42 @@ async def _run_on(
     except OfflineError as exc:
         raise DemoError(str(exc)) from exc
     daemon = await _start_daemon(node, opts, progress, sysfs_root)
-    applied = await _apply(node, opts.scenario, progress)
-    await _offline_marked(node, opts.scenario, applied, sysfs_root, progress)
-    await _delete_marked(node, opts.scenario, applied, progress)
-    result = await _collect(node, opts.scenario, applied)
-    _report(opts, result, out)
-    if opts.keep_running:
-        await _serve_until_signal(node, daemon, workdir, out)
+    result: DemoResult | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_daemon, daemon, nursery.cancel_scope)
+        try:
+            result = await _steps(node, opts, daemon, sysfs_root, workdir, out, progress)
+        except Exception:
+            if not await _has_exited(daemon):
+                raise
+        nursery.cancel_scope.cancel()
+    if result is None:
+        raise DemoError(_daemon_death(daemon, keep_log=opts.workdir is not None))
     return result
 
 
+def _quiet_simulator_logs() -> None:
+    """The simulated node's warnings (a pod that cannot start, ...) are what the demo
+    reports itself, once and with names; unconfigured, Python's last-resort handler would
+    print each one to stderr as well, raw."""
+    sim = logging.getLogger("dracpu.sim")
+    if not logging.getLogger().handlers and not sim.handlers:
+        sim.addHandler(logging.NullHandler())
+
+
+def _first_demo_error(group: BaseExceptionGroup[DemoError]) -> DemoError:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, DemoError)
+    return leaf
+
+
 async def run_demo(opts: DemoOptions, out: TextIO) -> DemoResult:
-    """Run the demo; writes progress and the report (text) or the JSON document to ``out``."""
+    """Run the demo; writes progress and the report (text) or the JSON document to ``out``.
+    Raises DemoError (never inside an exception group) when a step fails."""
     progress = _Progress(out, opts.output == "text")
+    _quiet_simulator_logs()
     workdir = opts.workdir or tempfile.mkdtemp(prefix="dracpu-demo-", dir="/tmp")
     node = _sim_node(opts, workdir)
     try:
@@ -480,6 +660,8 @@ async def run_demo(opts: DemoOptions, out: TextIO) -> DemoResult:
             result = await _run_on(node, opts, workdir, out, progress)
             nursery.cancel_scope.cancel()
         return result
+    except* DemoError as group:
+        raise _first_demo_error(group) from None
     finally:
         # Everything that used the directory has stopped by now (Ctrl-C included).
         if opts.workdir is None:

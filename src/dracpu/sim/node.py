@@ -337,17 +337,21 @@ class SimNode:
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create a Pod, ResourceClaim or ResourceClaimTemplate through the real client, as
-        kubectl would."""
+        kubectl would (``fieldValidation=Strict``). Raises ``K8sError`` when refused."""
         assert self.kube is not None
         kube = self.kube
         ns = obj["metadata"].get("namespace", "default")
+        # kubectl's default: the server refuses fields the kind does not have.
+        strict = {"field_validation": "Strict"}
         if obj["kind"] == "Pod":
-            raw = await kube.call_raw(kube.core.create_namespaced_pod, ns, obj)
+            raw = await kube.call_raw(kube.core.create_namespaced_pod, ns, obj, **strict)
         elif obj["kind"] == "ResourceClaim":
-            raw = await kube.call_raw(kube.resource.create_namespaced_resource_claim, ns, obj)
+            raw = await kube.call_raw(
+                kube.resource.create_namespaced_resource_claim, ns, obj, **strict
+            )
         elif obj["kind"] == "ResourceClaimTemplate":
             raw = await kube.call_raw(
-                kube.resource.create_namespaced_resource_claim_template, ns, obj
+                kube.resource.create_namespaced_resource_claim_template, ns, obj, **strict
             )
         else:
             raise SimNodeError(f"cannot create a {obj['kind']}")
