@@ -14,6 +14,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from dracpu.http import HTTPApp, HTTPLimits, HTTPServer, parse_bind_address, serve_http
+from dracpu.http.server import ListenError
 from dracpu.metrics import DriverMetrics
 
 
@@ -335,11 +336,13 @@ async def test_all_interfaces_with_ephemeral_port() -> None:
         nursery.cancel_scope.cancel()
 
 
-async def test_port_in_use_is_an_oserror() -> None:
+async def test_port_in_use_is_a_listen_error_caused_by_the_oserror() -> None:
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_http, "127.0.0.1", 0, make_app())
-        with pytest.raises(OSError, match="Address already in use"):
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port} ") as info:
             await serve_http("127.0.0.1", port, make_app())
+        assert isinstance(info.value.__cause__, OSError)
+        assert "Address already in use" in str(info.value.__cause__)
         nursery.cancel_scope.cancel()
 
 

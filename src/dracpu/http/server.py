@@ -4,26 +4,70 @@
 port, so ``--bind-address=127.0.0.1:0`` works. Cancelling it is the graceful shutdown:
 it stops accepting, drops idle and half-read connections, and lets a response that is
 being written finish (shielded) for at most ``grace_period`` seconds.
+
+An address it cannot listen on (another process holds the port: with ``hostNetwork`` the
+node's ``:8080`` is everyone's) is a ``ListenError``: one line naming the address, the flag
+that moves it and what else to change; the supervisor retries it quietly with backoff.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Sequence
 from functools import partial
 
 import trio
 
+from dracpu.http.address import format_bind_address
 from dracpu.http.app import HTTPApp
 from dracpu.http.connection import HTTPLimits, ServerConnection, Step
 from dracpu.logs import get_logger
+from dracpu.nursery.service import ServiceBlocked
 
-__all__ = ["DEFAULT_GRACE_PERIOD", "HTTPServer", "serve_http"]
+__all__ = ["DEFAULT_GRACE_PERIOD", "HTTPServer", "ListenError", "serve_http"]
 
 log = get_logger(__name__)
 
 DEFAULT_GRACE_PERIOD = 5.0
 READ_SIZE = 65536
+# Bind failures the node's operator fixes (the port is taken, the host address is not this
+# node's, a low port without the privilege): not bugs, so no traceback.
+_BLOCKED_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
+class ListenError(ServiceBlocked):
+    """The server cannot listen on its address; the message is the one line to log."""
+
+    def __init__(self, host: str, port: int, paths: Sequence[str], err: OSError) -> None:
+        self.host, self.port, self.errno = host, port, err.errno
+        super().__init__(listen_error_message(host, port, paths, err))
+
+
+def listen_error_message(host: str, port: int, paths: Sequence[str], err: OSError) -> str:
+    """What to tell the operator when ``host:port`` cannot be bound. The daemon serves
+    /healthz, /readyz and /metrics on ``--bind-address`` and /debug/state alone on
+    ``--debug-address``: ``paths`` (what this listener serves) tells which flag set it."""
+    debug_only = "/debug/state" in paths and "/healthz" not in paths
+    flag = "--debug-address" if debug_only else "--bind-address"
+    where = host or "every interface"
+    head = f"cannot listen on {format_bind_address(host, port)} (port {port} on {where})"
+    if err.errno == errno.EADDRINUSE:
+        what = (
+            "another process on this node already listens there "
+            f"(`ss -ltnp 'sport = :{port}'` on the node names it)"
+        )
+        host_prefix = format_bind_address(host, 0).removesuffix("0")  # ":" or "[::1]:"
+        advice = f"choose a free port with {flag}={host_prefix}PORT"
+    else:
+        what = (err.strerror or str(err)).lower()
+        advice = f"choose another address with {flag}"
+    if not debug_only:
+        advice += (
+            " and give the DaemonSet's `healthz` containerPort the same port (the startup, "
+            "liveness and readiness probes use that named port; deploy/base/daemonset.yaml)"
+        )
+    return f"{head} for {', '.join(paths)}: {what}; {advice}"
 
 
 class _Connection:
@@ -60,8 +104,14 @@ class HTTPServer:
         *,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on ``host:port`` (host ``""``: every interface) until cancelled."""
-        listeners = await _open_listeners(host, port)
+        """Listen on ``host:port`` (host ``""``: every interface) until cancelled; an
+        address it cannot bind is a ``ListenError``."""
+        try:
+            listeners = await _open_listeners(host, port)
+        except OSError as err:
+            if err.errno not in _BLOCKED_ERRNOS:
+                raise
+            raise ListenError(host, port, self.app.paths, err) from err
         bound: int = listeners[0].socket.getsockname()[1]
         log.info("HTTP server listening", v=2, host=host, port=bound)
         await self.serve_on(listeners, started_value=bound, task_status=task_status)

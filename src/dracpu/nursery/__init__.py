@@ -4,6 +4,7 @@ restarted with backoff when they crash, readiness, and shutdown on SIGTERM/SIGIN
 from dracpu.nursery.backoff import restart_delay
 from dracpu.nursery.service import (
     Service,
+    ServiceBlocked,
     ServiceFailed,
     ServiceState,
     ServiceStatus,
@@ -19,6 +20,7 @@ from dracpu.nursery.supervisor import (
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "Service",
+    "ServiceBlocked",
     "ServiceFailed",
     "ServiceState",
     "ServiceStatus",

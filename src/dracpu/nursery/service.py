@@ -17,6 +17,7 @@ from dracpu.gofmt import go_quote
 
 __all__ = [
     "Service",
+    "ServiceBlocked",
     "ServiceFailed",
     "ServiceRun",
     "ServiceState",
@@ -35,6 +36,12 @@ class ServiceFailed(Exception):
         super().__init__(f"service {go_quote(name)} failed to start: {error}")
         self.name = name
         self.error = error
+
+
+class ServiceBlocked(Exception):
+    """Something outside the daemon keeps a service from running (another process holds
+    its port). The message says what and what to do about it, so the supervisor logs it as
+    one line, without a traceback, and retries with the service's backoff."""
 
 
 class SupervisorStopping(RuntimeError):

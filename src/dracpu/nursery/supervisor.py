@@ -8,7 +8,8 @@ Each service runs in a task of its own (a Trio system task) inside its own cance
   plain sequential code. A service that crashes before it started is restarted with
   backoff and ``start`` keeps waiting; one that fails for good raises ``ServiceFailed``.
 - A crash after that is logged with the exception and the service alone is restarted
-  after ``restart_delay``; the others never notice.
+  after ``restart_delay``; the others never notice. A ``ServiceBlocked`` (a port another
+  process holds) is not a crash: it is one line per attempt, without a traceback.
 - ``stop()`` cancels services in reverse start order and gives each its grace period to
   finish its cleanup (remove sockets, answer in-flight RPCs, usually in shielded
   sections). A service still running after that is *abandoned*: it is named in
@@ -37,6 +38,7 @@ from dracpu.logs import get_logger
 from dracpu.nursery.backoff import restart_delay
 from dracpu.nursery.service import (
     Service,
+    ServiceBlocked,
     ServiceFailed,
     ServiceState,
     ServiceStatus,
@@ -61,6 +63,19 @@ def describe_error(exc: BaseException) -> str:
         return "; ".join(describe_error(leaf) for leaf in exc.exceptions)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_blocked(exc: BaseException) -> bool:
+    """A ``ServiceBlocked``, or a group of nothing else: its message is the whole story."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_blocked(leaf) for leaf in exc.exceptions)
+    return isinstance(exc, ServiceBlocked)
+
+
+def _blocked_message(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_blocked_message(leaf) for leaf in exc.exceptions)
+    return str(exc)
 
 
 def _has_cancelled(exc: BaseException) -> bool:
@@ -220,14 +235,25 @@ class Supervisor:
                     jitter=service.backoff_jitter,
                     rand=self._rand,
                 )
-                log.error(
-                    "service crashed; restarting",
-                    service=service.name,
-                    err=exc,
-                    stack=True,
-                    restartIn=f"{delay:.3f}s",
-                    restarts=entry.restarts,
-                )
+                if _is_blocked(exc):
+                    # Not a bug, and the same every time until the operator acts: one
+                    # line per attempt, no traceback.
+                    log.error(
+                        "service cannot run; retrying",
+                        service=service.name,
+                        err=_blocked_message(exc),
+                        retryIn=f"{delay:.3f}s",
+                        attempts=entry.failures_in_row,
+                    )
+                else:
+                    log.error(
+                        "service crashed; restarting",
+                        service=service.name,
+                        err=exc,
+                        stack=True,
+                        restartIn=f"{delay:.3f}s",
+                        restarts=entry.restarts,
+                    )
                 entry.state = "backoff"
                 await trio.sleep(delay)
                 entry.restarts += 1
@@ -254,7 +280,12 @@ class Supervisor:
             )
         else:
             error = f"service {go_quote(service.name)} failed: {entry.last_error}"
-        log.error("service failed; not restarting", service=service.name, err=exc, stack=True)
+        log.error(
+            "service failed; not restarting",
+            service=service.name,
+            err=exc,
+            stack=not _is_blocked(exc),
+        )
         if service.critical:
             self.fail(error)
 
