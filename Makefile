@@ -81,7 +81,8 @@ chaos: $(STAMP)
 # dracpu end to end on a kind cluster: create it from deploy/kind/kind-$(K8S_VERSION).yaml
 # (NRI, CDI, the DRA feature gates), build and load the image, `kubectl apply -k`, run every
 # docs/examples file and check each container's cpuset, delete the cluster. Needs docker,
-# kind and kubectl (docs/kind.md); K8S_VERSION is 1.34, 1.35 or 1.36.
+# kind and kubectl (docs/installation.md#trying-it-on-kind); K8S_VERSION is 1.34, 1.35 or
+# 1.36.
 K8S_VERSION ?= 1.34
 .PHONY: kind-e2e
 kind-e2e:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# dracpu end to end on a kind cluster (`make kind-e2e`; docs/kind.md):
+# dracpu end to end on a kind cluster (`make kind-e2e`; docs/installation.md, "Trying it
+# on kind"):
 #   1. create a cluster from deploy/kind/kind-$K8S_VERSION.yaml (NRI, CDI, feature gates);
 #   2. build the image from the Dockerfile and load it into the nodes;
 #   3. `kubectl apply -k` the grouped install (the image set to the one just built), wait
@@ -30,7 +31,8 @@ log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'kind-e2e: %s\n' "$*" >&2; exit 1; }
 k() { kubectl --context "$CONTEXT" "$@"; }
 
-[[ -f $CONFIG ]] || die "no kind config for Kubernetes $K8S_VERSION: $(cd "$REPO/deploy/kind" && echo kind-*.yaml)"
+[[ -f $CONFIG ]] \
+  || die "no kind config for Kubernetes $K8S_VERSION: $(cd "$REPO/deploy/kind" && echo kind-*.yaml)"
 for tool in docker kind kubectl; do
   command -v "$tool" >/dev/null || die "$tool is needed and not on PATH"
 done
@@ -84,7 +86,8 @@ check_cpusets() {
   local -a shared_only=()
   for pod in $(k -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
     for container in $(k -n "$ns" get pod "$pod" -o jsonpath='{.spec.containers[*].name}'); do
-      status=$(k -n "$ns" exec "$pod" -c "$container" -- sh -c 'grep Cpus_allowed_list /proc/self/status; env')
+      status=$(k -n "$ns" exec "$pod" -c "$container" -- \
+        sh -c 'grep Cpus_allowed_list /proc/self/status; env')
       allowed=$(expand_cpus "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' <<<"$status")")
       claimed=$(expand_cpus "$(sed -n 's/^DRA_CPUSET_[^=]*=//p' <<<"$status" | paste -sd, -)")
       [[ -n $allowed ]] || die "$ns/$pod/$container: no Cpus_allowed_list"
@@ -95,7 +98,7 @@ check_cpusets() {
         cpus_within "$claimed" "$allowed" \
           || die "$ns/$pod/$container: cpuset ${allowed}lacks its claimed CPUs ${claimed}"
         [[ $allowed != "$claimed" ]] \
-          || die "$ns/$pod/$container: sharedPoolAccess but the cpuset is only the claim's ${claimed}"
+          || die "$ns/$pod/$container: sharedPoolAccess, yet the cpuset is the claim's ${claimed}"
         log "$ns/$pod/$container: claimed ${claimed}+ shared pool, cpuset ${allowed}"
       else
         [[ $allowed == "$claimed" ]] \
@@ -154,7 +157,8 @@ check_admission_policy() {
   slice_for() {
     printf '%s\n' "apiVersion: resource.k8s.io/v1" "kind: ResourceSlice" \
       "metadata: {name: dracpu-e2e-$1}" \
-      "spec: {driver: dra.cpu, nodeName: $1, pool: {name: $1, generation: 1, resourceSliceCount: 1}, devices: []}"
+      "spec: {driver: dra.cpu, nodeName: $1, devices: []," \
+      "       pool: {name: $1, generation: 1, resourceSliceCount: 1}}"
   }
   local bound unbound out
   bound=$(k -n kube-system create token dracpu --duration=10m \
