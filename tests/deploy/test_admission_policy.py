@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,3 +309,13 @@ def test_a_user_overlay_in_another_namespace_keeps_the_policy_on_its_account(
     assert policy["spec"]["matchConditions"][0]["expression"] == (
         'request.userInfo.username == "system:serviceaccount:dracpu-system:dracpu"'
     )
+
+
+def test_the_refusal_shown_in_the_docs_is_the_policys(policy: dict[str, Any]) -> None:
+    """docs/installation.md quotes the API server's answer to another node's slice."""
+    text = (REPO / "docs" / "installation.md").read_text()
+    shown = re.search(r"denied request: (.+)$", text, re.M)
+    assert shown is not None
+    (refusal,) = admit(policy, _writes("node-a", "node-b")[0]).refusals
+    assert shown.group(1) == refusal
+    assert f"'{policy['metadata']['name']}' with binding 'dracpu-resourceslices'" in text
