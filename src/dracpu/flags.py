@@ -282,6 +282,7 @@ class ParsedFlags:
     explicit: dict[str, object] = field(default_factory=dict)
     positionals: list[str] = field(default_factory=list)
     help: bool = False
+    version: bool = False
 
     def config_values(self, specs: Iterable[FlagSpec] = ROOT_FLAGS) -> dict[str, object]:
         """The explicitly set flags that are config fields, keyed by config key."""
@@ -313,6 +314,12 @@ def parse_flags(argv: Sequence[str], specs: Iterable[FlagSpec]) -> ParsedFlags:
             if name in ("h", "help"):
                 parsed.help = True
                 return parsed
+            if name == "version":
+                # Not a Go flag of the upstream driver: what `dracpu version` prints.
+                if has_value:
+                    raise FlagError(f"flag -version takes no value: {arg}")
+                parsed.version = True
+                return parsed
             raise FlagError(f"flag provided but not defined: -{name}")
         if spec.kind != "bool" and not has_value:
             if i >= len(args):
@@ -343,8 +350,10 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("dracpu demo [flags]", "show dracpu at work on this machine"),
     ("dracpu sim apiserver [flags]", "serve a loopback Kubernetes API server"),
     ("dracpu sim runtime [flags]", "run a simulated container runtime speaking NRI"),
+    ("dracpu sim fleet [flags]", "measure what many simulated nodes cost one API server"),
     ("dracpu map [flags]", "print this node's CPU map"),
     ("dracpu version", "print the version"),
+    ("dracpu --version", "the same"),
 )
 COMPATIBILITY_PATHS: tuple[tuple[str, str], ...] = (
     ("dracpu-gatherinfo [flags]", "same as dracpu gatherinfo"),

@@ -4,7 +4,8 @@ The report is YAML: the discovered CPU details, the running driver's effective c
 versions and, beyond upstream, a `sysfs` section holding every sysfs file discovery reads,
 keyed by absolute `/sys/...` path. That section is a valid sysfs overlay and can be turned
 back into a tree (`materialize_sysfs`), so `--sysfs-root` reproduces the node's topology
-anywhere.
+anywhere. Also beyond upstream, `driverConfigSource` names the PID the config was read from,
+or says that no daemon ran and `driverConfig` holds the defaults.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ __all__ = [
     "GatherinfoError",
     "build_report",
     "collect_sysfs",
+    "driver_processes",
     "find_driver_process",
     "materialize_sysfs",
+    "runs_daemon",
     "write_report",
 ]
 
@@ -68,29 +71,80 @@ class DriverProcess:
     argv: list[str]
 
 
-def find_driver_process(procfs: Path) -> DriverProcess:
-    """The first process (in name order) whose `comm` is `dracpu`."""
+def find_driver_process(procfs: Path) -> DriverProcess | None:
+    """The running driver: the lowest PID whose `comm` is `dracpu` and whose command line
+    runs the daemon (`dracpu [flags]` or `dracpu run ...`), never this process. None when
+    no daemon runs. Other `dracpu` commands (this gatherinfo among them: a console script's
+    `comm` is `dracpu` too) are not the driver and have no config to read."""
+    found = driver_processes(procfs)
+    return found[0] if found else None
+
+
+def driver_processes(procfs: Path) -> list[DriverProcess]:
+    """Every daemon process under `procfs`, by PID (see `find_driver_process`)."""
     try:
-        names = sorted(os.listdir(procfs))
+        names = os.listdir(procfs)
     except OSError as err:
         raise GatherinfoError(f"failed to list {procfs}: {err.strerror}") from err
-    for name in names:
-        if not name.isdigit():
+    me = _own_pid(procfs)
+    found = []
+    for pid in sorted(int(name) for name in names if name.isdigit()):
+        if pid == me:
             continue
         try:
-            comm = (procfs / name / "comm").read_text().strip()
+            comm = (procfs / str(pid) / "comm").read_text().strip()
             if comm != "dracpu":
                 continue
-            raw = (procfs / name / "cmdline").read_bytes()
+            raw = (procfs / str(pid) / "cmdline").read_bytes()
         except OSError:
-            continue
+            continue  # gone meanwhile, or not ours to read
         argv = [arg.decode(errors="replace") for arg in raw.split(b"\0")]
         if argv and argv[-1] == "":
             argv.pop()
-        return DriverProcess(pid=int(name), argv=argv)
-    raise GatherinfoError(
-        f'failed to find running "dracpu" process: process "dracpu" not found under {procfs}'
-    )
+        if runs_daemon(argv):
+            found.append(DriverProcess(pid=pid, argv=argv))
+    return found
+
+
+def _own_pid(procfs: Path) -> int | None:
+    """This process's PID as `procfs` numbers it (`$HOST_ROOT/proc` may be another PID
+    namespace's, where `os.getpid()` names someone else)."""
+    try:
+        return int(os.readlink(procfs / "self"))
+    except (OSError, ValueError):
+        return None
+
+
+def runs_daemon(argv: list[str]) -> bool:
+    """Whether a `dracpu` command line is the daemon's: flags only, or `run`. Go's flag
+    parsing stops at the first word that is not a flag or a flag's value, so that word is
+    the subcommand (the Go driver has none). As `reconstruct_from_cmdline`, an unknown flag
+    without `=` is taken to have a value when a word that is no flag follows it."""
+    from dracpu.config import driver_argv
+    from dracpu.flags import flag_spec
+
+    words = driver_argv(argv)
+    if not words or os.path.basename(words[0]) != "dracpu":
+        return False
+    rest = words[1:]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        i += 1
+        if word == "--":
+            return i == len(rest) or rest[i] == "run"
+        if not word.startswith("-") or word == "-":
+            return word == "run"
+        name, has_value, _ = word.lstrip("-").partition("=")
+        if has_value:
+            continue
+        try:
+            takes_value = flag_spec(name).kind != "bool"
+        except KeyError:
+            takes_value = i < len(rest) and not rest[i].startswith("-")
+        if takes_value:
+            i += 1
+    return True
 
 
 def path_in_process(procfs: Path, pid: int) -> Callable[[str], str]:
@@ -181,14 +235,25 @@ def _omit_empty(config: object) -> dict[str, Any]:
     return {k: v for k, v in sorted(raw.items()) if v not in ("", 0, False, None, [], {})}
 
 
-def build_report(topo: Topology, config: object, sysfs_files: Mapping[str, str]) -> str:
-    report = {
+def build_report(
+    topo: Topology,
+    config: object,
+    sysfs_files: Mapping[str, str],
+    *,
+    config_source: str = "",
+) -> str:
+    """The report's YAML. ``config_source`` says where ``driverConfig`` came from (the PID
+    of the running driver, or that none ran and these are the defaults); empty leaves the
+    key out."""
+    report: dict[str, object] = {
         "cpuDetails": cpu_details(topo),
         "driverConfig": _omit_empty(config),
         "layoutVersion": LAYOUT_VERSION,
         "sysfs": dict(sysfs_files),
         "toolVersion": {"dracpuVersion": __version__, "pythonVersion": platform.python_version()},
     }
+    if config_source:
+        report["driverConfigSource"] = config_source
     return "---\n" + yaml.safe_dump(report, sort_keys=True, default_flow_style=False)
 
 

@@ -166,6 +166,18 @@ def test_help_request(argv: list[str]) -> None:
     assert parsed.positionals == []
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["-version"], ["-v=2", "--version", "--nope"]])
+def test_version_request(argv: list[str]) -> None:
+    parsed = parse_root_flags(argv)
+    assert parsed.version and not parsed.help
+    assert parsed.positionals == []
+
+
+def test_version_takes_no_value() -> None:
+    with pytest.raises(FlagError, match=r"^flag -version takes no value: --version=true$"):
+        parse_root_flags(["--version=true"])
+
+
 def test_config_values_keep_only_config_fields() -> None:
     parsed = parse_root_flags(
         ["--config=/c.yaml", "-v=3", "-vmodule=x=1", "--group-by=socket", "--cdi-dir=/cdi"]
@@ -302,8 +314,10 @@ def test_usage_text_sections_and_commands() -> None:
         "dracpu demo [flags]",
         "dracpu sim apiserver [flags]",
         "dracpu sim runtime [flags]",
+        "dracpu sim fleet [flags]",
         "dracpu map [flags]",
         "dracpu version",
+        "dracpu --version",
     ]
     compat = lines.index("compatibility paths:")
     assert lines[compat + 1].startswith("  dracpu-gatherinfo [flags]  ")

@@ -121,9 +121,9 @@ def test_introspect_slices_with_every_cpu_reserved(
 
 def test_help_exits_zero_with_example(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["introspect", "topology", "-h"], ["gatherinfo", "--help"], ["version", "-h"]):
-        code, _, err = run(capsys, *argv)
-        assert code == 0
-        assert "example:" in err
+        code, out, err = run(capsys, *argv)
+        assert (code, err) == (0, "")
+        assert "example:" in out
 
 
 def test_introspect_metrics(capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,11 +199,13 @@ def test_gatherinfo_round_trip(
     assert files[0].name.startswith("dracpu-gatherinfo-") and files[0].suffix == ".yaml"
     assert files[0].stat().st_mode & 0o777 == 0o600
     assert f"path={files[0]}" in err
+    assert f"read the running driver's config from PID 4242 under {host}/proc\n" in err
     text = files[0].read_text()
     assert text.startswith("---\n")
     report = yaml.safe_load(text)
     assert report["layoutVersion"] == "v1"
     assert report["driverConfig"]["reservedCPUs"] == "0-1"
+    assert report["driverConfigSource"] == "PID 4242"
     assert report["cpuDetails"]["topology"]["numCPUs"] == 128
     assert report["cpuDetails"]["topology"]["numNUMANodes"] == 4
     # the bundle reproduces the topology anywhere
@@ -213,18 +215,32 @@ def test_gatherinfo_round_trip(
     assert json.loads(from_bundle)["cpus"] == json.loads(original)["cpus"]
 
 
-def test_gatherinfo_without_driver(
+def test_gatherinfo_without_driver_says_so_and_reports_defaults(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "proc" / "1").mkdir(parents=True)
     (tmp_path / "proc" / "1" / "comm").write_text("init\n")
     monkeypatch.setenv("HOST_ROOT", str(tmp_path))
-    code, _, err = run(capsys, "gatherinfo", "--stdout")
-    assert code == 1
+    sysfs = str(FIXTURES / "epyc-nps4")
+    code, out, err = run(capsys, "gatherinfo", "--stdout", "--sysfs-root", sysfs)
+    assert code == 0, err
     assert err == (
-        'dracpu: failed to find running "dracpu" process: process "dracpu" not found under '
-        f"{tmp_path}/proc\n"
+        f"dracpu gatherinfo: no dracpu daemon is running (none found under {tmp_path}/proc): "
+        "the report's driverConfig holds the defaults, not a running driver's config\n"
     )
+    report = yaml.safe_load(out)
+    assert report["driverConfigSource"] == (
+        f"defaults: no dracpu daemon was running (none found under {tmp_path}/proc)"
+    )
+
+
+def test_gatherinfo_with_an_unreadable_procfs_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOST_ROOT", str(tmp_path / "nowhere"))
+    code, out, err = run(capsys, "gatherinfo", "--stdout")
+    assert (code, out) == (1, "")
+    assert err == f"dracpu: failed to list {tmp_path}/nowhere/proc: No such file or directory\n"
 
 
 def test_bad_bundle(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -446,17 +462,17 @@ def test_run_takes_the_root_flags(
 def test_help_is_argparse_style_for_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["--help"], ["run", "-h"], ["demo", "--help"], ["sim", "apiserver", "-h"]):
         code, out, err = run(capsys, *argv)
-        assert (code, out) == (0, ""), argv
-        assert err.startswith("usage: dracpu"), argv
-        assert "\nexample:\n  " in err, argv
-    _, _, err = run(capsys, "run", "--help")
-    assert "  --kubelet-root-dir DIR  " in err
-    assert "\n  -kubelet-root-dir" not in err
+        assert (code, err) == (0, ""), argv
+        assert out.startswith("usage: dracpu"), argv
+        assert "\nexample:\n  " in out, argv
+    _, out, _ = run(capsys, "run", "--help")
+    assert "  --kubelet-root-dir DIR  " in out
+    assert "\n  -kubelet-root-dir" not in out
 
 
 def test_demo_flags_all_have_help(capsys: pytest.CaptureFixture[str]) -> None:
-    _, _, err = run(capsys, "demo", "--help")
-    options = err.split("options:")[1].split("example:")[0]
+    _, out, _ = run(capsys, "demo", "--help")
+    options = out.split("options:")[1].split("example:")[0]
     for flag in ("--output", "--cpu-device-mode", "--group-by", "--reserved-cpus"):
         entry = options.split(flag, 1)[1].split("\n  --", 1)[0]
         assert len(entry.split()) > 3, flag  # more than the metavar: a sentence
@@ -465,8 +481,8 @@ def test_demo_flags_all_have_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_sim_apiserver_example_does_not_chain_after_a_blocking_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _, _, err = run(capsys, "sim", "apiserver", "--help")
-    example = err.split("example:\n")[1]
+    _, out, _ = run(capsys, "sim", "apiserver", "--help")
+    example = out.split("example:\n")[1]
     assert "&&" not in example
     assert example.splitlines()[0].strip().startswith("dracpu sim apiserver")
 

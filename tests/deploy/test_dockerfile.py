@@ -355,4 +355,4 @@ def test_wheel_builds_from_the_context_and_installs(
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert alias.returncode == 0, alias.stderr
-    assert alias.stderr.startswith("usage: dracpu gatherinfo")
+    assert alias.stdout.startswith("usage: dracpu gatherinfo")  # help goes to stdout

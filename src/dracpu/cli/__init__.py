@@ -3,12 +3,21 @@
 `dracpu [flags]` is the node daemon; every other word is a subcommand with flags of its own,
 in the module of the same name (`run`, `demo`, `map`, `introspect`, `gatherinfo`, `sim`,
 `version`; what they share is in `common`). Errors are one line on stderr
-(`dracpu: <message>`) and a non-zero exit, never a traceback.
+(`dracpu: <message>`) and a non-zero exit, never a traceback. Help goes to stdout.
+
+A reader that closes stdout early (`dracpu demo | head -2`) ends the command quietly with
+exit 141, 128 + SIGPIPE: what a shell reports for a C tool killed by SIGPIPE in the same
+place, so `set -o pipefail` scripts see dracpu as they see `yes | head -1`. Python ignores
+SIGPIPE and raises `BrokenPipeError` instead; leaving it unhandled prints a traceback, and
+the buffered rest fails again at exit ("Exception ignored ... BrokenPipeError", exit 120).
+This follows the recipe of https://docs.python.org/3/library/signal.html#note-on-sigpipe
+(which exits 1): flush inside the `try`, then point stdout at /dev/null for the exit.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -22,6 +31,7 @@ from dracpu.cli.sim import cmd_sim
 from dracpu.cli.version import cmd_version
 
 __all__ = [
+    "EXIT_CLOSED_STDOUT",
     "INTROSPECT_SUBCOMMANDS",
     "SUBCOMMANDS",
     "SUBCOMMAND_HANDLERS",
@@ -61,10 +71,29 @@ def dispatch(argv: Sequence[str]) -> int:
     return handler(rest)
 
 
+# The exit status of a command whose stdout was closed under it.
+EXIT_CLOSED_STDOUT = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None and os.path.basename(sys.argv[0]) == "dracpu-gatherinfo":
         args = ["gatherinfo", *args]
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe is found here, not at interpreter exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    except BaseExceptionGroup as group:
+        # Written to inside a Trio nursery (the demo's report), it arrives in a group.
+        _, rest = group.split(BrokenPipeError)
+        if rest is None:
+            return _stdout_closed()
+        raise
+    return code
+
+
+def _run(args: list[str]) -> int:
     try:
         return dispatch(args)
     except HelpRequested:
@@ -82,6 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 1
+
+
+def _stdout_closed() -> int:
+    """stdout's reader is gone: what is still buffered goes to /dev/null, not to a second
+    BrokenPipeError when Python flushes stdout on its way out."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is no file (a test's capture): nothing will flush to a pipe
+    return EXIT_CLOSED_STDOUT
 
 
 def gatherinfo_main() -> int:

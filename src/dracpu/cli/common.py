@@ -1,6 +1,9 @@
 """What every `dracpu` subcommand shares: the user-facing error, argparse set up to raise
-instead of exit and to print help on stderr, the root-flag parser, and the node inputs
-(sysfs root or a gatherinfo report, topology discovery, the config file, reserved CPUs)."""
+instead of exit, the root-flag parser, and the node inputs (sysfs root or a gatherinfo
+report, topology discovery, the config file, reserved CPUs).
+
+Help, asked for, goes to stdout with exit 0 (`dracpu demo --help | less` works, as it does
+for git, kubectl and argparse itself); errors and the usage after a bad flag go to stderr."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from typing import TYPE_CHECKING, NoReturn
 import yaml
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
     from dracpu.config import DriverConfig
     from dracpu.cpuset import CPUSet
     from dracpu.flags import ParsedFlags
@@ -31,6 +36,7 @@ __all__ = [
     "load_driver_config",
     "parse_root",
     "positive_int",
+    "print_help_text",
     "require_simulator",
     "reserved_cpuset",
     "sysfs_root",
@@ -46,23 +52,31 @@ class CLIError(Exception):
 
 
 class HelpRequested(Exception):
-    """Help was asked for and is already on stderr: exit 0."""
+    """What was asked for (help, the version) is already on stdout: exit 0."""
+
+
+def print_help_text(text: str) -> NoReturn:
+    """Help that was asked for: on stdout, then exit 0 (`HelpRequested`)."""
+    sys.stdout.write(text)
+    raise HelpRequested
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, and prints help to stderr (stdout stays
-    for output a script reads)."""
+    """argparse that raises instead of exiting; its help goes to stdout (argparse's own
+    choice), its errors are one `CLIError` line."""
 
     def error(self, message: str) -> NoReturn:
         raise CLIError(f"{self.prog.removeprefix('dracpu ')}: {message}", code=2)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        # Only help (and a version action) end here: error() raises before.
         if message:
             sys.stderr.write(message)
         raise HelpRequested
 
-    def print_help(self, file: object = None) -> None:
-        sys.stderr.write(self.format_help())
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        # argparse's own writer swallows OSError: a closed stdout must reach main().
+        (file or sys.stdout).write(self.format_help())
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -97,8 +111,9 @@ def positive_int(text: str) -> int:
 
 
 def parse_root(argv: Sequence[str]) -> ParsedFlags:
-    """Root flags with Go's conventions: usage on stderr for -h (exit 0); a bad flag is one
-    line in Go's wording and exit 2, as a subcommand's bad flag is."""
+    """Root flags with Go's conventions: a bad flag is one line in Go's wording and exit 2,
+    as a subcommand's bad flag is. -h prints the usage and --version the version, both on
+    stdout with exit 0 (`HelpRequested`)."""
     from dracpu.flags import FlagError, parse_root_flags, usage_text
 
     try:
@@ -106,8 +121,11 @@ def parse_root(argv: Sequence[str]) -> ParsedFlags:
     except FlagError as err:
         raise CLIError(f"{err} (see dracpu --help)", code=2) from err
     if parsed.help:
-        sys.stderr.write(usage_text())
-        raise HelpRequested
+        print_help_text(usage_text())
+    if parsed.version:
+        from dracpu.cli.version import version_line
+
+        print_help_text(version_line() + "\n")
     return parsed
 
 

@@ -15,6 +15,7 @@ from dracpu.cli.common import (
     discover,
     load_driver_config,
     positive_int,
+    print_help_text,
     reserved_cpuset,
     sysfs_root,
 )
@@ -30,12 +31,12 @@ def cmd_introspect(argv: Sequence[str]) -> int:
     if not argv:
         raise CLIError(f"introspect requires a subcommand; supported subcommands: {supported}")
     if argv[0] in ("-h", "--help"):
-        sys.stderr.write(
-            "usage: dracpu introspect {topology,slices,allocate,metrics} [flags]\n\n"
-            "Ask what this node looks like to dracpu, without running the daemon.\n\n"
+        print_help_text(
+            f"usage: dracpu introspect {{{','.join(INTROSPECT_SUBCOMMANDS)}}} [flags]\n\n"
+            "Ask what this node looks like to dracpu, without running the daemon. Each "
+            "subcommand has its own --help.\n\n"
             "example:\n  dracpu introspect topology --format text\n"
         )
-        return 0
     name, rest = argv[0], argv[1:]
     handlers: dict[str, Callable[[Sequence[str]], int]] = {
         "topology": _topology,
@@ -55,11 +56,10 @@ def _metrics(argv: Sequence[str]) -> int:
     from dracpu.metrics import describe_metrics_json
 
     if list(argv) in (["-h"], ["--help"]):
-        sys.stderr.write(
+        print_help_text(
             "usage: dracpu introspect metrics\n\nPrint the driver's custom Prometheus metrics "
             "as JSON.\n\nexample:\n  dracpu introspect metrics\n"
         )
-        return 0
     if argv:
         raise CLIError(f"metrics does not accept positional arguments: {' '.join(argv)}")
     sys.stdout.write(describe_metrics_json())

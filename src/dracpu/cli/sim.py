@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from dracpu.cli.common import CLIError, command_parser
+from dracpu.cli.common import CLIError, command_parser, print_help_text
 
 __all__ = ["SIM_SUBCOMMANDS", "cmd_sim"]
 
@@ -61,19 +61,26 @@ SIM_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
 }
 
 
+def _usage() -> str:
+    return (
+        f"usage: dracpu sim {{{','.join(SIM_SUBCOMMANDS)}}} [flags]\n\n"
+        "Run parts of the simulated node on their own: a loopback API server, the NRI "
+        "runtime, or a fleet of nodes' slice publishers against one API server. Each has its "
+        "own --help.\n\n"
+        "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
+        "  dracpu sim runtime --socket /tmp/nri.sock --cgroup-root /tmp/cg "
+        "--cgroup-version 2 --cgroup-driver systemd\n"
+        "  dracpu sim fleet --nodes 100 --duration 20\n"
+    )
+
+
 def cmd_sim(argv: Sequence[str]) -> int:
     supported = ", ".join(SIM_SUBCOMMANDS)
-    if not argv or argv[0] in ("-h", "--help"):
-        sys.stderr.write(
-            f"usage: dracpu sim {'|'.join(SIM_SUBCOMMANDS)} [flags]\n\n"
-            "Run parts of the simulated node on their own.\n\n"
-            "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
-            "  dracpu sim runtime --socket /tmp/nri.sock --cgroup-root /tmp/cg "
-            "--cgroup-version 2 --cgroup-driver systemd\n"
-        )
-        if not argv:
-            raise CLIError(f"sim requires a subcommand; supported subcommands: {supported}")
-        return 0
+    if not argv:
+        sys.stderr.write(_usage())
+        raise CLIError(f"sim requires a subcommand; supported subcommands: {supported}")
+    if argv[0] in ("-h", "--help"):
+        print_help_text(_usage())
     handler = SIM_SUBCOMMANDS.get(argv[0])
     if handler is None:
         raise CLIError(f'unknown sim subcommand "{argv[0]}"; supported subcommands: {supported}')
