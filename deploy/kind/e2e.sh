@@ -150,6 +150,8 @@ check_admission_policy() {
   kubectl config --kubeconfig="$kubeconfig" set-cluster e2e \
     --server="$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')" \
     --certificate-authority="$WORK/ca.crt" >/dev/null
+  # The user's token is given per call (--token); the entry only has to exist.
+  kubectl config --kubeconfig="$kubeconfig" set-credentials dracpu --token=none >/dev/null
   kubectl config --kubeconfig="$kubeconfig" set-context e2e --cluster=e2e --user=dracpu >/dev/null
   as_dracpu() {
     kubectl --kubeconfig="$kubeconfig" --context e2e --token "$1" create --dry-run=server -f -
