@@ -4,7 +4,8 @@ Limits: a gRPC message (4 MiB, grpc-go's), the h2 header list (8 KiB, advertised
 enforced; the encoded block is refused from the frame headers above 8 KiB, before it is
 decoded), a grpc-message the server sends (4 KiB encoded), request bytes held per gRPC
 connection (16 MiB over all streams), claims per
-NodePrepareResources / NodeUnprepareResources call (256), a ttrpc frame (4 MiB), and the
+NodePrepareResources / NodeUnprepareResources call (91,180: as many of the smallest claims a
+kubelet sends as fit in one message), a ttrpc frame (4 MiB), and the
 HTTP request head (16 KiB). Listeners: the kubelet sockets are 0600 in 0750 directories
 whatever the umask; ``/debug/state`` listens on loopback only by default.
 """
@@ -15,6 +16,7 @@ import json
 import os
 import shutil
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -44,6 +46,7 @@ from kubelet_harness import (
     unprepare_stub,
 )
 
+from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.config import DriverConfig
 from dracpu.grpc.connection import (
     MAX_CONNECTION_BUFFER,
@@ -61,7 +64,7 @@ from dracpu.http.address import parse_bind_address
 from dracpu.http.connection import HTTPLimits, ServerConnection
 from dracpu.http.server import serve_http
 from dracpu.kubelet import HealthService, KubeletPlugin
-from dracpu.kubelet.dra import MAX_CLAIMS_PER_CALL
+from dracpu.kubelet.dra import MAX_CLAIMS_PER_CALL, SMALLEST_KUBELET_CLAIM_BYTES
 from dracpu.nri.ttrpc import (
     MAX_DATA_LENGTH,
     RequestRejected,
@@ -85,7 +88,7 @@ def test_limits_are_the_documented_ones() -> None:
     assert MAX_HEADER_BLOCK_SIZE == 8 * 1024
     assert MAX_STATUS_MESSAGE == 4 * 1024
     assert MAX_CONNECTION_BUFFER == 16 * 1024 * 1024
-    assert MAX_CLAIMS_PER_CALL == 256
+    assert MAX_CLAIMS_PER_CALL == 91_180
     assert MAX_DATA_LENGTH == 4 * 1024 * 1024
     assert HTTPLimits().max_header_bytes == 16 * 1024
 
@@ -238,32 +241,60 @@ async def test_grpcio_metadata_over_the_header_limit_fails_only_that_call(
 # -- claims per call ---------------------------------------------------------------------------
 
 
+def kubelet_claims(count: int, *, same: bool = False) -> list[ClaimAllocation]:
+    """The smallest claims a kubelet sends: a UUID, a one-character namespace and name.
+    ``same``: one claim named ``count`` times (two pod entries may name one claim)."""
+    uids = [str(uuid.UUID(int=0 if same else i + 1)) for i in range(count)]
+    return [claim(uid, name="c", namespace="n") for uid in uids]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_claim_limit_is_what_one_message_holds_from_a_kubelet(version: str) -> None:
+    # The limit is derived from the message size, not chosen: a kubelet request of the
+    # smallest claims at the limit fits in one message, one claim more does not.
+    at_limit = prepare_request(version, *kubelet_claims(MAX_CLAIMS_PER_CALL))
+    assert at_limit.ByteSize() == MAX_CLAIMS_PER_CALL * SMALLEST_KUBELET_CLAIM_BYTES
+    assert at_limit.ByteSize() <= MAX_MESSAGE_SIZE
+    over = MAX_CLAIMS_PER_CALL + 1
+    assert prepare_request(version, *kubelet_claims(over)).ByteSize() > MAX_MESSAGE_SIZE
+
+
 async def test_too_many_claims_in_one_call_is_refused_whole(
     nursery: trio.Nursery, tmpdirs: Callable[[str], str]
 ) -> None:
-    node = make_node(tmpdirs("cdi."))
-    # Claims with no result of ours: preparing them is a no-op that succeeds.
-    claims = [claim(f"u{i:05d}") for i in range(MAX_CLAIMS_PER_CALL + 1)]
-    for c in claims:
-        node.claims.put(c)
+    # Spec files inline, so that a call at the limit takes seconds, not minutes.
+    node = make_node(tmpdirs("cdi."), offload_io=False)
+    # One claim with no result of ours: preparing it is a no-op that succeeds. A kubelet
+    # sends it as often as the pod names it.
+    node.claims.put(kubelet_claims(1, same=True)[0])
+    # One claim more than the limit only fits in a message as claims smaller than any a
+    # kubelet sends; the count refuses them before any claim is read.
+    tiny = [claim(f"u{i}", name="c", namespace="n") for i in range(MAX_CLAIMS_PER_CALL + 1)]
     async with serving(nursery, node.service) as (_, channel):
         for stub, build, method in [
             (prepare_stub, prepare_request, "NodePrepareResources"),
             (unprepare_stub, unprepare_request, "NodeUnprepareResources"),
         ]:
             call = stub(channel)
-            too_many = build("v1", *claims)
-            err = await in_thread(partial(rpc_error, partial(call, too_many, timeout=10)))
+            too_many = build("v1", *tiny)
+            err = await in_thread(partial(rpc_error, partial(call, too_many, timeout=60)))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert err.details() == (
                 f"{method}: {MAX_CLAIMS_PER_CALL + 1} claims in one call, more than the "
                 f"limit of {MAX_CLAIMS_PER_CALL}"
             )
-            at_limit = build("v1", *claims[:MAX_CLAIMS_PER_CALL])
-            reply = await in_thread(partial(call, at_limit, timeout=10))
-            assert len(reply.claims) == MAX_CLAIMS_PER_CALL
-            assert all(not r.error for r in reply.claims.values())
-    assert node.metric("dra_cpu_prepare_claims_total", result="success") == MAX_CLAIMS_PER_CALL
+        assert node.metric("dra_cpu_prepare_claims_total", result="success") == 0
+        # Exactly the limit, as a kubelet would send it, is served.
+        at_limit = prepare_request("v1", *kubelet_claims(MAX_CLAIMS_PER_CALL, same=True))
+        reply = await in_thread(partial(prepare_stub(channel), at_limit, timeout=120))
+        assert [r.error for r in reply.claims.values()] == [""]
+        assert node.metric("dra_cpu_prepare_claims_total", result="success") == (
+            MAX_CLAIMS_PER_CALL
+        )
+        at_limit = unprepare_request("v1", *kubelet_claims(MAX_CLAIMS_PER_CALL))
+        reply = await in_thread(partial(unprepare_stub(channel), at_limit, timeout=120))
+        assert len(reply.claims) == MAX_CLAIMS_PER_CALL
+        assert all(not r.error for r in reply.claims.values())
 
 
 # -- ttrpc ---------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from dracpu.cdi import (
     write_claim_spec,
 )
 from dracpu.cpuset import CPUSet
+from dracpu.grpc.framing import MAX_MESSAGE_SIZE
 from dracpu.k8s.claims import ClaimReadError
 from dracpu.kubelet._aio import Serializer
 from dracpu.kubelet.claims import ClaimSource
@@ -59,6 +60,7 @@ from dracpu.topology.model import Topology
 
 __all__ = [
     "MAX_CLAIMS_PER_CALL",
+    "SMALLEST_KUBELET_CLAIM_BYTES",
     "ClaimPrepareResult",
     "ClaimRef",
     "ClaimUnprepareResult",
@@ -70,10 +72,27 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The kubelet sends the claims of one pod per call; a pod names a few at most. The cap keeps
-# one request from holding the prepare lock (and the claim reads before it) for an
-# unbounded time.
-MAX_CLAIMS_PER_CALL = 256
+# The most claims a kubelet can legally send in one call. It sends one NodePrepareResources
+# (and one NodeUnprepareResources) per pod and driver, holding every claim of that pod with
+# a result of this driver that is not prepared yet (kubernetes/kubernetes
+# pkg/kubelet/cm/dra/manager.go, prepareResources: `batches[plugin]`, one RPC per plugin;
+# unprepareResources likewise); it never batches pods. A pod's claims are its
+# spec.resourceClaims entries, one claim each (an entry naming a ResourceClaimTemplate
+# stands for the one claim generated from it, status.resourceClaimStatuses), plus at most
+# one claim for DRA-backed extended resources (status.extendedResourceClaimStatus, appended
+# when DRAExtendedResource is on). The API sets no bound on how many entries a pod has
+# (pkg/apis/core/validation/validation.go, validatePodResourceClaims: each name a unique
+# DNS label, exactly one of resourceClaimName / resourceClaimTemplateName, nothing on the
+# length; two entries may even name the same claim, and the kubelet then sends it twice).
+# So the only bound is the size of the request, and the kubelet's gRPC client sets no send
+# limit: the request ends at our MAX_MESSAGE_SIZE (grpc-go's default receive limit, which
+# upstream drivers serve with). The smallest claim a kubelet builds is 46 bytes on the wire
+# (a 36-character UID, a namespace and a name of one character each, field tags and
+# lengths), so no request we accept from a kubelet holds more claims than this. The count
+# is still checked first, so a hostile call of smaller claims is refused before any claim
+# is read; each claim takes the prepare lock on its own, so a long call does not hold it.
+SMALLEST_KUBELET_CLAIM_BYTES = 46
+MAX_CLAIMS_PER_CALL = MAX_MESSAGE_SIZE // SMALLEST_KUBELET_CLAIM_BYTES  # 91,180
 
 
 class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
