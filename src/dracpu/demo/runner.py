@@ -413,10 +413,18 @@ async def _start_daemon(
 ) -> DaemonProcess:
     """``dracpu run`` against the simulated node, ready and with its slices published."""
     started = time.monotonic()
+    keep_log = opts.workdir is not None
     try:
         daemon = await node.start_daemon(sysfs_root=sysfs_root, extra_args=_daemon_args(opts))
     except SimNodeError as exc:
-        raise DemoError(str(exc)) from exc
+        # One line, as for a daemon that exits later; the log says the rest.
+        started_one = node.daemon
+        if started_one is None:
+            raise DemoError(str(exc)) from None
+        if not started_one.running():
+            raise DemoError(_daemon_death(started_one, keep_log, "before it was ready")) from None
+        first = str(exc).splitlines()[0] if str(exc) else "not ready"
+        raise DemoError(f"{first}; its log: {_kept_log(started_one, keep_log)}") from None
     progress(
         f"dracpu run (pid {daemon.process.pid}) ready in "
         f"{(time.monotonic() - started) * 1000:.0f} ms: registered with the kubelet, "
@@ -580,23 +588,30 @@ def _exit_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _daemon_death(daemon: DaemonProcess, keep_log: bool) -> str:
-    """One line: how the daemon ended, its log's last line, and where the whole log is
-    (copied out of the work directory when that is about to be removed)."""
-    log = daemon.log_path
-    if not keep_log:
-        fd, kept = tempfile.mkstemp(prefix="dracpu-demo-daemon-", suffix=".log", dir="/tmp")
-        os.close(fd)
-        try:
-            shutil.copyfile(daemon.log_path, kept)
-            log = kept
-        except OSError:
-            log = "(lost with the work directory)"
-    last = next((line for line in reversed(daemon.log_tail(5).splitlines()) if line.strip()), "")
+def _kept_log(daemon: DaemonProcess, keep_log: bool) -> str:
+    """Where the daemon's log can be read after the demo: in place, or copied out of the
+    work directory when that is about to be removed."""
+    if keep_log:
+        return daemon.log_path
+    fd, kept = tempfile.mkstemp(prefix="dracpu-demo-daemon-", suffix=".log", dir="/tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(daemon.log_path, kept)
+    except OSError:
+        os.unlink(kept)
+        return "(lost with the work directory)"
+    return kept
+
+
+def _daemon_death(
+    daemon: DaemonProcess, keep_log: bool, when: str = "while the demo was running"
+) -> str:
+    """One line: how the daemon ended, its log's last line, and where the whole log is."""
+    last = next((ln for ln in reversed(daemon.log_tail(5).splitlines()) if ln.strip()), "")
     tail = f"; its last log line: {last.strip()}" if last else ""
     return (
-        f"dracpu run (pid {daemon.process.pid}) {_exit_text(daemon.process.returncode)} while "
-        f"the demo was running{tail}; its log: {log}"
+        f"dracpu run (pid {daemon.process.pid}) {_exit_text(daemon.process.returncode)} "
+        f"{when}{tail}; its log: {_kept_log(daemon, keep_log)}"
     )
 
 
