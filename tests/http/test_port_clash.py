@@ -8,9 +8,13 @@ import errno
 import io
 import logging
 import random
+import signal
 import socket
+import subprocess
+import threading
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 import pytest
 import trio
@@ -22,6 +26,7 @@ from dracpu.logs import KlogFormatter
 from dracpu.nursery import Service, ServiceBlocked, ServiceFailed, Supervisor
 
 MAIN_PATHS = ("/healthz", "/readyz", "/metrics")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -207,3 +212,56 @@ def test_the_message_names_the_address_the_flag_and_the_manifest(
     host: str, port: int, paths: tuple[str, ...], err: OSError, expected: str
 ) -> None:
     assert listen_error_message(host, port, paths, err) == expected
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- {name: c, cluster: {server: "http://127.0.0.1:9"}}
+contexts:
+- {name: c, context: {cluster: c, user: u}}
+current-context: c
+users:
+- {name: u, user: {}}
+"""
+
+
+def test_the_daemon_on_a_taken_bind_address_logs_one_line_per_attempt(
+    tmp_path: Path, taken_port: tuple[socket.socket, int]
+) -> None:
+    # The issue's case end to end: `dracpu run` whose --bind-address another process holds.
+    _, port = taken_port
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    daemon = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "dracpu"), "run",
+         f"--kubeconfig={tmp_path / 'kubeconfig'}", f"--bind-address=127.0.0.1:{port}",
+         "--debug-address=127.0.0.1:0", f"--state-dir={tmp_path / 'state'}",
+         f"--cdi-dir={tmp_path / 'cdi'}", f"--kubelet-root-dir={tmp_path / 'kubelet'}",
+         f"--nri-socket={tmp_path / 'nri.sock'}", f"--cgroup-root={tmp_path / 'cg'}",
+         f"--sysfs-root={REPO / 'tests' / 'fake_sysfs' / 'xeon-2s-ht'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Read until the second attempt (a slow machine takes seconds to import and start).
+    watchdog = threading.Timer(60, daemon.kill)
+    watchdog.start()
+    seen: list[str] = []
+    try:
+        assert daemon.stderr is not None
+        for line in daemon.stderr:
+            seen.append(line)
+            attempts = sum("service cannot run" in s or "service crashed" in s for s in seen)
+            if attempts == 2:
+                break
+    finally:
+        watchdog.cancel()
+        daemon.send_signal(signal.SIGTERM)
+        _, rest = daemon.communicate(timeout=30)
+    err = "".join(seen) + rest
+    assert daemon.returncode == 0, err
+    assert "Traceback" not in err and "stacktrace" not in err
+    retries = [line for line in err.splitlines() if "service cannot run" in line]
+    assert len(retries) >= 2, err
+    for line in retries:
+        assert line.startswith("E")
+        assert f'err="cannot listen on 127.0.0.1:{port} (port {port} on 127.0.0.1)' in line
+        assert "--bind-address=127.0.0.1:PORT" in line and 'service="http"' in line
