@@ -64,9 +64,9 @@ SIM_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
 def _usage() -> str:
     return (
         f"usage: dracpu sim {{{','.join(SIM_SUBCOMMANDS)}}} [flags]\n\n"
-        "Run parts of the simulated node on their own: a loopback API server, the NRI "
-        "runtime, or a fleet of nodes' slice publishers against one API server. Each has its "
-        "own --help.\n\n"
+        "Run parts of the simulated node on their own: a loopback API server, the NRI\n"
+        "runtime, or a fleet of nodes' slice publishers against one API server. Each has\n"
+        "its own --help.\n\n"
         "example:\n  dracpu sim apiserver --port 0 --kubeconfig-out /tmp/kubeconfig\n"
         "  dracpu sim runtime --socket /tmp/nri.sock --cgroup-root /tmp/cg "
         "--cgroup-version 2 --cgroup-driver systemd\n"
