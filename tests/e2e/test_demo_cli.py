@@ -328,6 +328,9 @@ def test_errors_name_pods_not_uids(tmp_path: Path) -> None:
     [line] = proc.stderr.splitlines()
     assert line.startswith("dracpu demo: claim default/two: "), line
     assert "already bound to pod default/first" in line, line
+    # The claim is held (by the first pod): the report says so, and that a user failed.
+    [row] = [ln for ln in proc.stdout.splitlines() if ln.startswith("  default/two ")]
+    assert "not allocated" not in row and "; a pod using it did not start: " in row, row
     assert not UID.search(proc.stderr + proc.stdout), proc.stderr
 
 

@@ -17,7 +17,7 @@ from builders import DRIVER, NODE, allocation, device_result, resource_claim
 from test_kubelet_harness import FakePlugin
 
 from dracpu.k8s.client import KubeClient
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu.sim.apiserver import SimAPIServer, tables
 from dracpu.sim.kubelet import Backoff, MemoryRuntime, SimKubelet
 from dracpu.sim.kubelet.runtime import ContainerRuntimeError
 
@@ -620,7 +620,23 @@ async def test_bad_prepare_answers_leave_the_pod_pending(
                 "message": message,
             }
         ],
+        # As `kubectl get pods` shows it on a cluster: STATUS ContainerCreating.
+        "containerStatuses": [
+            {
+                "name": "main",
+                "image": status["containerStatuses"][0]["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+        ],
     }
+    assert tables.pod_cells(node.server.get("pods", "web", "default"), 0)[1:3] == [
+        "0/1",
+        "ContainerCreating",
+    ]
 
 
 async def test_claims_not_allocated_or_not_reserved(node: Node) -> None:

@@ -356,13 +356,18 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             if claim.get("template")
             else ""
         )
-        if claim["error"]:
+        if claim["error"] and not claim["cpus"]:
             w(f"  {key:<{width}} not allocated: {claim['error']}{origin}\n")
         elif claim["cpus"]:
             cpus = CPUSet.parse(claim["cpus"])
             numa = CPUSet(topo.cpus[c].numa for c in cpus if c in topo.cpus).format()
             plural = "s" if len(cpus) != 1 else ""
-            w(f"  {key:<{width}} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa}){origin}\n")
+            # Held, yet a pod using it did not start (a claim shared by two containers).
+            failed = f"; a pod using it did not start: {claim['error']}" if claim["error"] else ""
+            w(
+                f"  {key:<{width}} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa})"
+                f"{origin}{failed}\n"
+            )
         else:
             w(f"  {key:<{width}} (no CPUs held: unprepared){origin}\n")
     w("\nContainers (cpuset read back from the cgroup tree):\n")

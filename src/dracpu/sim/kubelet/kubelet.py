@@ -505,13 +505,25 @@ class SimKubelet:
         condition = {"type": "Ready", "status": "False", "reason": reason, "message": message}
         if condition in ((pod.get("status") or {}).get("conditions") or []):
             return  # already shown; no write per retry
+        # Containers not created yet wait as "ContainerCreating", which is what `kubectl get
+        # pods` then shows in STATUS (the kubelet's generateAPIPodStatus does the same).
+        waiting = [
+            {
+                "name": str(c.get("name", "")),
+                "image": str(c.get("image", "")),
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+            for c in containers_of(pod)
+        ]
+        status = {"phase": "Pending", "conditions": [condition], "containerStatuses": waiting}
         api = self.api
         with contextlib.suppress(K8sError):  # a status report is best effort
             await api.call_raw(
-                api.core.patch_namespaced_pod_status,
-                st.name,
-                st.namespace,
-                {"status": {"phase": "Pending", "conditions": [condition]}},
+                api.core.patch_namespaced_pod_status, st.name, st.namespace, {"status": status}
             )
 
     async def _report_running(self, st: PodState) -> None:
