@@ -111,3 +111,10 @@ def test_a_claim_that_takes_no_shared_cpu_is_never_refused() -> None:
     store.reserve(ClaimRecord(uid="b", cpus=cs("6")))  # adopted from a running container
     assert not store.shared_pool
     assert store.reserve(ClaimRecord(uid="c", cpus=cs("7")), pending=True)
+
+
+def test_unpublished_cpus_are_cpus_of_this_node() -> None:
+    # A reservation naming CPUs the node does not have (70-200 on 8 CPUs) counts only
+    # those it has: the demo sizes its built-in claims by this count.
+    topo = grid(1, 1, 4)
+    assert unpublished_cpus(topo, cs("6-200"), publish_isolated=True) == cs("6-7")

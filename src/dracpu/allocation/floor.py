@@ -70,10 +70,10 @@ def unpublished_cpus(
     *,
     publish_isolated: bool,
 ) -> CPUSet:
-    """Pure: CPUs that are neither devices nor allocatable: the reserved ones, the floor
-    (``shared_floor`` of these when not given), and the isolated ones unless
-    ``publishIsolatedCPUs`` is on."""
+    """Pure: CPUs of this node that are neither devices nor allocatable: the reserved
+    ones, the floor (``shared_floor`` of these when not given), and the isolated ones
+    unless ``publishIsolatedCPUs`` is on."""
     if floor is None:
         floor = shared_floor(topo, reserved)
-    kept = reserved | floor.cpus
+    kept = (reserved & (topo.all_cpus | topo.present)) | floor.cpus
     return kept if publish_isolated else kept | topo.isolated
