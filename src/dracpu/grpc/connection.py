@@ -476,6 +476,9 @@ class GRPCServerConnection:
         self._max_message_size = max_message_size
         self._max_buffer = max_connection_buffer
         self._buffered = 0
+        # Request bytes let go of unfinished (refused, reset, over the buffer budget), in
+        # all: the shell hands large amounts of it to the heap's reclaimer.
+        self.dropped_request_bytes = 0
         self._streams: dict[int, _Stream] = {}
         self._blocked: set[int] = set()  # streams with replies waiting for window
         self._goaway_last_id: int | None = None
@@ -566,7 +569,8 @@ class GRPCServerConnection:
         if self._backlog:
             view = memoryview(bytes(self._backlog) + data)
         end, refused = self._frames.scan(view, budget)
-        self._backlog = view[end:]
+        # An empty rest would still pin the whole read: keep nothing then.
+        self._backlog = view[end:] if end < len(view) else memoryview(b"")
         if refused is not None:
             closed = self._refuse(refused)
             if self._held_goaway and self._frames.refused_block_ends(view[end:]):
@@ -667,17 +671,21 @@ class GRPCServerConnection:
         self._blocked.discard(sid)
         if stream is not None:
             self._buffered -= stream.held
+            self.dropped_request_bytes += stream.held
             stream.held = 0
         return stream
 
     def _forget_all(self) -> None:
+        self.dropped_request_bytes += self._buffered
         self._streams.clear()
         self._blocked.clear()
         self._buffered = 0
 
-    def _hold(self, stream: _Stream) -> None:
+    def _hold(self, stream: _Stream, *, handed_over: bool = False) -> None:
         """Re-count what the stream holds; a poisoned decoder or handed-over message holds 0."""
         held = stream.decoder.buffered + len(stream.message or b"")
+        if held < stream.held and not handed_over:
+            self.dropped_request_bytes += stream.held - held
         self._buffered += held - stream.held
         stream.held = held
 
@@ -789,7 +797,7 @@ class GRPCServerConnection:
             RequestReceived(sid, stream.path, stream.message, stream.metadata, stream.timeout)
         )
         stream.message = b""  # the handler owns it now; keep the stream's state small
-        self._hold(stream)
+        self._hold(stream, handed_over=True)
 
     # -- outbound -----------------------------------------------------------------------
 

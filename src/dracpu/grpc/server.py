@@ -7,6 +7,10 @@ whatever it queued. A unary reply (headers, message, trailers) leaves in one soc
 Shutdown is structured: cancelling ``serve_unix`` closes the listener, sends GOAWAY on
 every connection, gives in-flight RPCs ``grace_period`` seconds, then cancels what is
 left and removes the socket file.
+
+Large requests leave memory behind (``dracpu.heap``): a connection holds no request once
+its handler has it, and tells the process's ``Reclaimer`` about every large request that
+ended or was discarded, which hands the memory back after the burst.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
@@ -35,6 +39,7 @@ from dracpu.grpc.connection import (
     StreamAborted,
 )
 from dracpu.grpc.errors import RPCError, ServerError
+from dracpu.heap import RECLAIMER, Reclaimer
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +132,11 @@ class _Connection:
         handlers: Mapping[str, Handler],
         services: frozenset[str],
         grace_period: float,
+        reclaim: Callable[[int], None] = lambda size: None,
     ) -> None:
         self.core = GRPCServerConnection()
+        self._reclaim = reclaim
+        self._dropped_seen = 0
         self._sock = sock
         self._handlers = handlers
         self._services = services
@@ -220,20 +228,27 @@ class _Connection:
                 return
             # A step at a time: between steps other connections run, so however much work
             # one read holds (thousands of tiny frames, a maximal header block) it delays
-            # them by one step (STEP_BUDGET), not by the whole read.
-            events = self.core.receive_data(bytes(data), budget=STEP_BUDGET)
-            while True:
-                for event in events:
-                    self._dispatch(event)
-                if not self.core.input_pending:
-                    break
+            # them by one step (STEP_BUDGET), not by the whole read. The events (a request
+            # of up to 4 MiB) and the read are not kept across the waits: a connection may
+            # then stay idle for hours.
+            self._step(bytes(data))
+            del data
+            while self.core.input_pending:
                 await trio.lowlevel.checkpoint()
-                events = self.core.receive_data(b"", budget=STEP_BUDGET)
+                self._step(b"")
             # Window updates may unblock senders; SETTINGS/PING acks must leave (1.1).
             self._window_changed.set()
             self._window_changed = trio.Event()
             await self.flush()
             self._check_idle()
+
+    def _step(self, data: bytes) -> None:
+        for event in self.core.receive_data(data, budget=STEP_BUDGET):
+            self._dispatch(event)
+        dropped = self.core.dropped_request_bytes - self._dropped_seen
+        if dropped:
+            self._dropped_seen += dropped
+            self._reclaim(dropped)
 
     def _dispatch(self, event: RequestReceived | StreamAborted | ConnectionClosed) -> None:
         if isinstance(event, RequestReceived):
@@ -278,9 +293,25 @@ class _Connection:
         )
         scope = trio.CancelScope()
         self._handler_scopes[req.stream_id] = scope
-        self._nursery.start_soon(self._run_rpc, handler, stream, req.stream_id, scope)
+        self._nursery.start_soon(
+            self._run_rpc, handler, stream, req.stream_id, scope, len(req.message)
+        )
 
     async def _run_rpc(
+        self,
+        handler: Handler,
+        stream: ServerStream,
+        stream_id: int,
+        scope: trio.CancelScope,
+        request_size: int,
+    ) -> None:
+        try:
+            await self._serve_rpc(handler, stream, stream_id, scope)
+        finally:
+            # Counted once the call is over, whichever way: its request is garbage now.
+            self._reclaim(request_size)
+
+    async def _serve_rpc(
         self, handler: Handler, stream: ServerStream, stream_id: int, scope: trio.CancelScope
     ) -> None:
         with scope:
@@ -378,9 +409,14 @@ async def serve_unix(
     handlers: Mapping[str, Handler],
     *,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    reclaimer: Reclaimer = RECLAIMER,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``handlers`` (a grpclib ``__mapping__()``) on a unix socket until cancelled."""
+    """Serve ``handlers`` (a grpclib ``__mapping__()``) on a unix socket until cancelled.
+
+    Large requests are noted to ``reclaimer`` (the process's by default); its release
+    runs in the listener's nursery, so it outlives the connection that asked for it.
+    """
     if len(os.fsencode(path)) > 107:
         raise ServerError(f"unix socket path is longer than 107 bytes: {path}")
     raw, inode = _bind_unix(path)
@@ -389,9 +425,16 @@ async def serve_unix(
     connections: set[_Connection] = set()
     try:
         async with trio.open_nursery() as nursery:
+
+            def reclaim(size: int) -> None:
+                if reclaimer.note(size):
+                    nursery.start_soon(reclaimer.release_when_due)
+
             task_status.started()
             try:
-                await _accept_loop(listener, handlers, services, grace_period, connections, nursery)
+                await _accept_loop(
+                    listener, handlers, services, grace_period, connections, nursery, reclaim
+                )
             finally:
                 # Ask every connection to drain (they are shielded), then stop accepting.
                 # Synchronous part first: the await below raises Cancelled again.
@@ -409,6 +452,7 @@ async def _accept_loop(
     grace_period: float,
     connections: set[_Connection],
     nursery: trio.Nursery,
+    reclaim: Callable[[int], None],
 ) -> None:
     while True:
         try:
@@ -419,7 +463,7 @@ async def _accept_loop(
                 await trio.sleep(0.1)
                 continue
             raise ServerError(f"accept failed: {exc.strerror or exc}") from exc
-        conn = _Connection(sock, handlers, services, grace_period)
+        conn = _Connection(sock, handlers, services, grace_period, reclaim)
         connections.add(conn)
         nursery.start_soon(_run_connection, conn, connections)
 
