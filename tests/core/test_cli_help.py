@@ -4,6 +4,7 @@ listed wherever commands are listed, and a closed stdout ending quietly (issue 2
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -205,3 +206,40 @@ def test_stderr_errors_still_print_when_stdout_is_closed(
     monkeypatch.setattr("sys.stdout", _ClosedPipe())
     assert main(["bogus"]) == 1
     assert capsys.readouterr().err.startswith('dracpu: unknown subcommand "bogus"')
+
+
+def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # stdout is a pipe whose reader is still there: the BrokenPipeError came from another
+    # pipe or socket, a real error that must not pass for a closed stdout.
+    def other_pipe(argv: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "dispatch", other_pipe)
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as stdout, os.fdopen(read_end) as _reader:
+        monkeypatch.setattr("sys.stdout", stdout)
+        with pytest.raises(BrokenPipeError):
+            main(["demo"])
+
+        def in_a_group(argv: object) -> int:
+            raise ExceptionGroup("nursery", [BrokenPipeError(32, "Broken pipe")])
+
+        monkeypatch.setattr(cli, "dispatch", in_a_group)
+        with pytest.raises(ExceptionGroup):
+            main(["demo"])
+
+
+def test_a_broken_pipe_on_a_closed_stdout_pipe_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def writes(argv: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "dispatch", writes)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`head -2`) is gone
+    with os.fdopen(write_end, "w") as stdout:
+        monkeypatch.setattr("sys.stdout", stdout)
+        assert main(["demo"]) == 141

@@ -17,6 +17,7 @@ This follows the recipe of https://docs.python.org/3/library/signal.html#note-on
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -83,14 +84,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(args)
         sys.stdout.flush()  # a closed pipe is found here, not at interpreter exit
     except BrokenPipeError:
+        if not _stdout_is_broken():
+            raise  # another pipe or socket broke: a real error, with its traceback
         return _stdout_closed()
     except BaseExceptionGroup as group:
         # Written to inside a Trio nursery (the demo's report), it arrives in a group.
         _, rest = group.split(BrokenPipeError)
-        if rest is None:
+        if rest is None and _stdout_is_broken():
             return _stdout_closed()
         raise
     return code
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports POLLERR on the write
+    end of such a pipe), so a BrokenPipeError is the closed stdout and not another pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True  # no file behind it (a test's capture): the error can only be its own
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _run(args: list[str]) -> int:

@@ -641,6 +641,8 @@ async def _run_on(
         nursery.start_soon(_watch_daemon, daemon, nursery.cancel_scope)
         try:
             result = await _steps(node, opts, daemon, sysfs_root, workdir, out, progress)
+        except DemoError:
+            raise  # the demo's own one-line errors (a misspelt field, ...) say it all
         except Exception:
             if not await _has_exited(daemon):
                 raise

@@ -19,6 +19,7 @@ from dracpu.k8s.names import (
     SUBDOMAIN_SHAPE,
     is_dns1123_label,
     is_dns1123_subdomain,
+    shorten,
 )
 
 __all__ = [
@@ -103,16 +104,6 @@ class _Claim(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(_Claim)
 
 
-_SHOWN = 64
-
-
-def _shown(text: str) -> str:
-    """``text`` as an error message may quote it: long ones cut, with their length."""
-    if len(text) <= _SHOWN:
-        return text
-    return f"{text[:_SHOWN]}...({len(text)} characters)"
-
-
 def check_claim_ref(namespace: str, name: str) -> None:
     """Refuse a namespace or claim name the API server could never have stored
     (``dracpu.k8s.names``), before any lookup: a hostile client's 4 MiB name would
@@ -129,7 +120,7 @@ def check_claim_ref(namespace: str, name: str) -> None:
     elif not is_dns1123_subdomain(name):
         problem = f"invalid name: {SUBDOMAIN_SHAPE}"
     if problem:
-        where = f"{_shown(namespace)}/{_shown(name)}"
+        where = f"{shorten(namespace)}/{shorten(name)}"
         raise ClaimReadError(namespace, name, f"retrieve claim {where}: {problem}")
 
 

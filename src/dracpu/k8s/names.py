@@ -14,12 +14,13 @@ __all__ = [
     "SUBDOMAIN_SHAPE",
     "is_dns1123_label",
     "is_dns1123_subdomain",
+    "shorten",
 ]
 
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
 _LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
-_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 # The API server's own wording (IsDNS1123Label, IsDNS1123Subdomain).
 LABEL_SHAPE = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
@@ -36,6 +37,14 @@ def is_dns1123_label(text: str) -> bool:
 
 
 def is_dns1123_subdomain(text: str) -> bool:
-    return (
-        len(text) <= SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None and ".." not in text
-    )
+    return len(text) <= SUBDOMAIN_MAX and _SUBDOMAIN.fullmatch(text) is not None
+
+
+_SHOWN = 64
+
+
+def shorten(text: str) -> str:
+    """A name as a message may quote it: a long one (hostile) cut, with its length."""
+    if len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}...({len(text)} characters)"

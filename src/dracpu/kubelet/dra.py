@@ -46,6 +46,7 @@ from dracpu.cdi import (
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE
 from dracpu.k8s.claims import ClaimReadError
+from dracpu.k8s.names import shorten
 from dracpu.kubelet._aio import Serializer
 from dracpu.kubelet.claims import ClaimSource
 from dracpu.kubelet.metadata import DeviceAttributes, remove_claim_metadata, write_claim_metadata
@@ -388,7 +389,8 @@ class DRAService:
             try:
                 await self._remove_spec(ref.uid)
             except CDIError as exc:
-                log.info("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
+                where = f"{shorten(ref.namespace)}/{shorten(ref.name)}"
+                log.info("unprepare of claim %s failed: %s", where, exc)
                 return str(exc)
             if record is None:
                 await self._remove_metadata(ref)
