@@ -382,3 +382,22 @@ def fetch(port: int, path: str) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def h2_pair(**limits: int) -> tuple[Any, Any]:
+    """A gRPC server connection (``GRPCServerConnection(**limits)``) and an h2 client,
+    their prefaces and SETTINGS exchanged: ready for a request."""
+    import h2.config
+    import h2.connection
+
+    from dracpu.grpc.connection import GRPCServerConnection
+
+    server = GRPCServerConnection(**limits)
+    server.initiate()
+    client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    return server, client

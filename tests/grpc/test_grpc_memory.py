@@ -19,6 +19,7 @@ import h2.events
 import pytest
 import trio
 import trio.testing
+from builders import h2_pair
 from grpc_harness import (
     PREPARE,
     Observed,
@@ -76,14 +77,7 @@ def test_refused_message_releases_what_was_kept() -> None:
 
 
 def _pair() -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
-    server = GRPCServerConnection()
-    server.initiate()
-    client = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.receive_data(client.data_to_send())
-    client.receive_data(server.data_to_send())
+    server, client = h2_pair()
     return server, client
 
 
@@ -132,14 +126,7 @@ def test_request_bytes_dropped_by_a_reset_are_counted() -> None:
 
 
 def test_request_bytes_over_the_connection_budget_are_counted() -> None:
-    server = GRPCServerConnection(max_connection_buffer=100_000)
-    server.initiate()
-    client = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.receive_data(client.data_to_send())
-    client.receive_data(server.data_to_send())
+    server, client = h2_pair(max_connection_buffer=100_000)
     _send(server, client, 1, encode_message(b"x" * 200_000)[:60000])
     _send(server, client, 3, encode_message(b"x" * 200_000)[:60000])
     # The second stream crossed the budget with its third frame of 16 KiB: the three are

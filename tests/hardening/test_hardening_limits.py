@@ -29,6 +29,7 @@ import h2.settings
 import hpack
 import pytest
 import trio
+from builders import h2_pair
 from grpclib.const import Status
 from h2.errors import ErrorCodes
 from hyperframe.frame import ContinuationFrame, HeadersFrame
@@ -97,14 +98,7 @@ def test_limits_are_the_documented_ones() -> None:
 
 
 def pair(**limits: int) -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
-    server = GRPCServerConnection(**limits)
-    server.initiate()
-    client = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.receive_data(client.data_to_send())
-    client.receive_data(server.data_to_send())
+    server, client = h2_pair(**limits)
     return server, client
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dracpu.gofmt import go_quote
+
 __all__ = [
     "ApiError",
     "FieldError",
@@ -199,37 +201,6 @@ def bad_value(value: Any) -> str:
     if isinstance(value, int | float):
         return str(value)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-_GO_ESCAPES = {
-    '"': '\\"',
-    "\\": "\\\\",
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-}
-
-
-def go_quote(text: str) -> str:
-    """Go's ``%q`` of a string (strconv.Quote): short escapes, ``\\xNN`` for other control
-    bytes, ``\\uNNNN`` for characters that do not print."""
-    out = ['"']
-    for ch in text:
-        code = ord(ch)
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif not ch.isprintable():
-            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
 
 
 def go_format(value: Any) -> str:
