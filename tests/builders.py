@@ -29,11 +29,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
 import trio
 
 from dracpu.allocation.opaque import DeviceConfig
 from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
 from dracpu.cpuset import CPUSet
+from dracpu.grpc.connection import GRPCServerConnection
 from dracpu.proto.nri import api_pb2 as nri_pb
 from dracpu.topology import discover_from_root
 from dracpu.topology.model import NO_ID, CoreType, CPUInfo, Topology
@@ -384,14 +387,9 @@ def fetch(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def h2_pair(**limits: int) -> tuple[Any, Any]:
+def h2_pair(**limits: int) -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
     """A gRPC server connection (``GRPCServerConnection(**limits)``) and an h2 client,
     their prefaces and SETTINGS exchanged: ready for a request."""
-    import h2.config
-    import h2.connection
-
-    from dracpu.grpc.connection import GRPCServerConnection
-
     server = GRPCServerConnection(**limits)
     server.initiate()
     client = h2.connection.H2Connection(

@@ -96,6 +96,15 @@ async def unprepare(endpoint: str, claim: dra_pb.Claim) -> str:
     return str(reply.claims[claim.uid].error)
 
 
+async def shared_pods(runtime: RuntimeSimulator) -> list[str]:
+    """PODS pods, each with one container without a claim; the containers' ids."""
+    containers = []
+    for i in range(PODS):
+        await runtime.create_pod(f"p{i}", f"pod-{i}")
+        containers.append(await runtime.create_container(f"p{i}", "app"))
+    return containers
+
+
 async def settled(daemon: Daemon, runtime: RuntimeSimulator, containers: list[str]) -> str:
     """Wait until every shared container and sandbox holds the pool, then a little more
     (whatever the verifier's writes wake in the drift watcher has run); returns the pool."""
@@ -121,10 +130,7 @@ async def test_sandboxes_written_once_per_pool_change_never_as_drift(
     seen: dict[str, Any] = {}
 
     async def drive(daemon: Daemon, endpoint: str) -> None:
-        containers = []
-        for i in range(PODS):
-            await runtime.create_pod(f"p{i}", f"pod-{i}")
-            containers.append(await runtime.create_container(f"p{i}", "app"))
+        containers = await shared_pods(runtime)
         seen["start"] = await settled(daemon, runtime, containers)
         seen["sandbox_writes_at_start"] = sandbox_writes(daemon)
         uid = node.allocated_claim("c1", "cpudevnuma001", 4)
@@ -225,10 +231,7 @@ async def test_a_slow_runtime_applying_the_pool_is_not_overtaken_by_the_watcher(
     seen: dict[str, Any] = {}
 
     async def drive(daemon: Daemon, endpoint: str) -> None:
-        containers = []
-        for i in range(PODS):
-            await runtime.create_pod(f"p{i}", f"pod-{i}")
-            containers.append(await runtime.create_container(f"p{i}", "app"))
+        containers = await shared_pods(runtime)
         # A first change at full speed: after it the watcher watches every container.
         first = claim_request(node, "c0", node.allocated_claim("c0", "cpudevnuma000", 4))
         assert await prepare(endpoint, first) == ""

@@ -76,11 +76,6 @@ def test_refused_message_releases_what_was_kept() -> None:
 # -- the connection ---------------------------------------------------------------------------
 
 
-def _pair() -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
-    server, client = h2_pair()
-    return server, client
-
-
 HEADERS = [
     (b":method", b"POST"),
     (b":scheme", b"http"),
@@ -106,7 +101,7 @@ def _send(
 
 
 def test_a_handed_over_request_is_not_counted_as_dropped() -> None:
-    server, client = _pair()
+    server, client = h2_pair()
     _send(server, client, 1, encode_message(b"x" * 60000))
     client.end_stream(1)
     (event,) = server.receive_data(client.data_to_send())
@@ -116,7 +111,7 @@ def test_a_handed_over_request_is_not_counted_as_dropped() -> None:
 
 
 def test_request_bytes_dropped_by_a_reset_are_counted() -> None:
-    server, client = _pair()
+    server, client = h2_pair()
     _send(server, client, 1, encode_message(b"x" * 60000)[:50000])
     assert server.buffered_request_bytes == 50000
     client.reset_stream(1)

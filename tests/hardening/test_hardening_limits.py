@@ -97,11 +97,6 @@ def test_limits_are_the_documented_ones() -> None:
 # -- h2 / gRPC -------------------------------------------------------------------------------
 
 
-def pair(**limits: int) -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
-    server, client = h2_pair(**limits)
-    return server, client
-
-
 def test_header_list_limit_is_advertised() -> None:
     server = GRPCServerConnection()
     server.initiate()
@@ -114,7 +109,7 @@ def test_header_list_limit_is_advertised() -> None:
 
 
 def test_oversized_header_block_is_refused_before_decoding_with_a_status() -> None:
-    server, client = pair()
+    server, client = h2_pair()
     # Sent before the client could honour our SETTINGS: refused anyway, from the frame
     # headers. The block is not even valid HPACK: decoding it would be a different error.
     block = b"\xff" * (MAX_HEADER_BLOCK_SIZE + 1)
@@ -141,7 +136,7 @@ def test_oversized_header_block_is_refused_before_decoding_with_a_status() -> No
 
 
 def test_header_list_over_the_limit_in_a_small_block_ends_the_connection() -> None:
-    server, client = pair()
+    server, client = h2_pair()
     # Huffman coding packs 'a' into 5 bits: a block under the encoded limit that decodes
     # past the list limit. The HPACK decoder refuses it (ENHANCE_YOUR_CALM).
     big = [*GOOD, (b"x-big", b"a" * MAX_HEADER_LIST_SIZE)]
@@ -161,7 +156,7 @@ def test_header_list_over_the_limit_in_a_small_block_ends_the_connection() -> No
 
 @pytest.mark.parametrize("huffman", [True, False])
 def test_header_list_just_under_the_limit_is_served(huffman: bool) -> None:
-    server, client = pair()
+    server, client = h2_pair()
     if not huffman:
         # Literal strings: the encoded block is then nearly as large as the list.
         plain = hpack.Encoder()
@@ -183,7 +178,7 @@ def _trailers(client: h2.connection.H2Connection, data: bytes) -> dict[int, dict
 
 
 def test_request_bytes_held_per_connection_are_capped() -> None:
-    server, client = pair(max_message_size=1000, max_connection_buffer=2500)
+    server, client = h2_pair(max_message_size=1000, max_connection_buffer=2500)
     partial = encode_message(b"m" * 1000)[:905]  # 5-byte prefix + 900 of 1000 body bytes
     for sid in (1, 3):
         client.send_headers(sid, GOOD)
@@ -485,7 +480,7 @@ async def test_garbage_connections_do_not_stop_the_dra_socket(
 
 
 def test_oversized_frame_is_refused_from_its_header_not_after_buffering_it() -> None:
-    server, client = pair()
+    server, client = h2_pair()
     header = (2**24 - 1).to_bytes(3, "big") + bytes([0, 0]) + (1).to_bytes(4, "big")
     events = server.receive_data(header + b"\x00" * 1000)
     assert events == [ConnectionClosed(ErrorCodes.FRAME_SIZE_ERROR)]

@@ -133,8 +133,6 @@ def metadata_spec(claim: ClaimAllocation, request: str, host_path: str) -> dict[
 # Names held to what the API server accepts (dracpu.k8s.names) cannot walk out of the
 # metadata directory ("..", "/"), and "<namespace>_<name>" stays unambiguous (neither may
 # contain "_").
-_is_label = is_dns1123_label
-_is_subdomain = is_dns1123_subdomain
 
 
 def _uid_ok(uid: str) -> bool:
@@ -146,7 +144,7 @@ def _uid_ok(uid: str) -> bool:
 
 
 def _claim_dir(plugin_dir: str, namespace: str, name: str) -> str | None:
-    if not (_is_label(namespace) and _is_subdomain(name)):
+    if not (is_dns1123_label(namespace) and is_dns1123_subdomain(name)):
         return None
     return os.path.join(plugin_dir, METADATA_DIR, f"{namespace}_{name}")
 
@@ -171,7 +169,7 @@ def write_claim_metadata(
     requests = dict.fromkeys(_base(r) for d in devices for r in d.request_names)
     usable_uid = _uid_ok(claim.uid)
     for request in requests:
-        if claim_dir is None or not usable_uid or not _is_label(request):
+        if claim_dir is None or not usable_uid or not is_dns1123_label(request):
             log.warning(
                 "device metadata skipped: unusable names in claim %r/%r uid %r request %r",
                 claim.namespace,
