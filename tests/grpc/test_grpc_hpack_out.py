@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_grpc_connection import Pair
 
-from dracpu.grpc import connection
-from dracpu.grpc.connection import _StatelessEncoder
+from dracpu.grpc import hpack_out
+from dracpu.grpc.hpack_out import StatelessEncoder
 from dracpu.grpc.framing import encode_message
 from dracpu.grpc.status import RESPONSE_HEADERS, status_trailers, trailers_only
 
@@ -30,11 +30,11 @@ OK_TRAILERS_BLOCK = b"\x00\x0bgrpc-status" + b"\x010"
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
     """Each test starts with an empty block cache; the process's own is put back after."""
-    saved = dict(connection._block_cache)
-    connection._block_cache.clear()
+    saved = dict(hpack_out._block_cache)
+    hpack_out._block_cache.clear()
     yield
-    connection._block_cache.clear()
-    connection._block_cache.update(saved)
+    hpack_out._block_cache.clear()
+    hpack_out._block_cache.update(saved)
 
 
 def _decode(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
@@ -42,7 +42,7 @@ def _decode(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def test_golden_blocks_of_every_call() -> None:
-    encoder = _StatelessEncoder()
+    encoder = StatelessEncoder()
     assert encoder.encode(RESPONSE_HEADERS) == RESPONSE_BLOCK
     assert encoder.encode(status_trailers(Status.OK)) == OK_TRAILERS_BLOCK
     # Trailers-Only: the two blocks in one.
@@ -50,7 +50,7 @@ def test_golden_blocks_of_every_call() -> None:
 
 
 def test_a_repeated_block_is_the_same_bytes_and_leaves_the_peer_table_empty() -> None:
-    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    encoder, decoder = StatelessEncoder(), hpack.Decoder()
     blocks = [encoder.encode(RESPONSE_HEADERS) for _ in range(3)]
     assert blocks[0] == blocks[1] == blocks[2]
     for block in blocks:
@@ -61,7 +61,7 @@ def test_a_repeated_block_is_the_same_bytes_and_leaves_the_peer_table_empty() ->
 
 def test_long_names_and_values_use_multi_byte_lengths() -> None:
     name, value = b"x-" + b"n" * 200, b"v" * 300
-    block = _StatelessEncoder().encode([(name, value)])
+    block = StatelessEncoder().encode([(name, value)])
     # 202 = 127 + 75; 300 = 127 + 173 = 127 + 0x80|45, 1
     assert block[:3] == b"\x00\x7f\x4b"
     assert block[3 : 3 + 202] == name
@@ -71,7 +71,7 @@ def test_long_names_and_values_use_multi_byte_lengths() -> None:
 
 
 def test_a_table_size_change_is_announced_once_at_the_start_of_the_next_block() -> None:
-    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    encoder, decoder = StatelessEncoder(), hpack.Decoder()
     encoder.header_table_size = 100  # what h2 does on the peer's SETTINGS_HEADER_TABLE_SIZE
     first = encoder.encode(RESPONSE_HEADERS)
     assert first == b"\x3f\x45" + RESPONSE_BLOCK  # 100 = 31 + 69, 5-bit prefix, flag 001
@@ -81,15 +81,15 @@ def test_a_table_size_change_is_announced_once_at_the_start_of_the_next_block() 
 
 
 def test_the_blocks_of_every_call_come_from_the_cache() -> None:
-    first = _StatelessEncoder().encode(RESPONSE_HEADERS)
-    assert _StatelessEncoder().encode(RESPONSE_HEADERS) is first  # another connection too
-    assert connection._block_cache == {tuple(RESPONSE_HEADERS): RESPONSE_BLOCK}
+    first = StatelessEncoder().encode(RESPONSE_HEADERS)
+    assert StatelessEncoder().encode(RESPONSE_HEADERS) is first  # another connection too
+    assert hpack_out._block_cache == {tuple(RESPONSE_HEADERS): RESPONSE_BLOCK}
 
 
 def test_several_size_changes_announce_the_smallest_then_the_last() -> None:
     # RFC 7541 4.2: the peer's limit may have gone down and up again since the last block;
     # announcing only the values in order could pass its limit of the moment.
-    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    encoder, decoder = StatelessEncoder(), hpack.Decoder()
     for size in (8192, 100, 4096):
         encoder.header_table_size = size
     block = encoder.encode(RESPONSE_HEADERS)
@@ -103,7 +103,7 @@ def test_several_size_changes_announce_the_smallest_then_the_last() -> None:
 
 def test_a_size_change_set_twice_to_the_same_value_is_still_announced() -> None:
     # hpack's own flag says "unchanged" after the second, equal, setting.
-    encoder = _StatelessEncoder()
+    encoder = StatelessEncoder()
     encoder.header_table_size = 0
     encoder.header_table_size = 0
     assert encoder.encode(RESPONSE_HEADERS) == b"\x20" + RESPONSE_BLOCK
@@ -111,7 +111,7 @@ def test_a_size_change_set_twice_to_the_same_value_is_still_announced() -> None:
 
 
 def test_sensitive_fields_go_never_indexed_and_are_not_kept() -> None:
-    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    encoder, decoder = StatelessEncoder(), hpack.Decoder()
     fields = [
         hpack.HeaderTuple(b":status", b"200"),
         hpack.NeverIndexedHeaderTuple(b"authorization", b"secret"),
@@ -122,11 +122,11 @@ def test_sensitive_fields_go_never_indexed_and_are_not_kept() -> None:
     assert block == b"\x88" + b"\x1f\x08\x06secret" + b"\x10\x07x-token\x01t"
     decoded = decoder.decode(block, raw=True)
     assert [type(f) for f in decoded[1:]] == [hpack.NeverIndexedHeaderTuple] * 2
-    assert connection._block_cache == {}
+    assert hpack_out._block_cache == {}
 
 
 def test_text_fields_are_encoded_as_utf8() -> None:
-    block = _StatelessEncoder().encode([(":status", "200"), ("grpc-message", "ü")])
+    block = StatelessEncoder().encode([(":status", "200"), ("grpc-message", "ü")])
     assert _decode(hpack.Decoder(), block) == [
         (b":status", b"200"),
         (b"grpc-message", "ü".encode()),
@@ -134,17 +134,17 @@ def test_text_fields_are_encoded_as_utf8() -> None:
 
 
 def test_the_cache_is_bounded_in_entries_and_in_block_size() -> None:
-    encoder = _StatelessEncoder()
-    big = [(b"grpc-message", b"m" * (connection._BLOCK_CACHE_BYTES + 1))]
+    encoder = StatelessEncoder()
+    big = [(b"grpc-message", b"m" * (hpack_out._BLOCK_CACHE_BYTES + 1))]
     assert encoder.encode(big) == encoder.encode(big)  # encoded each time, not kept
-    assert tuple(big) not in connection._block_cache
-    for i in range(connection._BLOCK_CACHE_ENTRIES + 50):
+    assert tuple(big) not in hpack_out._block_cache
+    for i in range(hpack_out._BLOCK_CACHE_ENTRIES + 50):
         fields = [(b"grpc-status", b"2"), (b"grpc-message", b"error %d" % i)]
         assert _decode(hpack.Decoder(), encoder.encode(fields)) == fields
-    assert len(connection._block_cache) <= connection._BLOCK_CACHE_ENTRIES
+    assert len(hpack_out._block_cache) <= hpack_out._BLOCK_CACHE_ENTRIES
     # A full cache starts over: blocks that are still sent get back in.
     encoder.encode(RESPONSE_HEADERS)
-    assert tuple(RESPONSE_HEADERS) in connection._block_cache
+    assert tuple(RESPONSE_HEADERS) in hpack_out._block_cache
 
 
 _names = st.one_of(
@@ -156,7 +156,7 @@ _values = st.one_of(st.sampled_from([b"200", b"404", b"0", b""]), st.binary(max_
 
 @given(st.lists(st.lists(st.tuples(_names, _values), max_size=6), min_size=1, max_size=5))
 def test_any_blocks_decode_to_what_was_encoded(blocks: list[list[tuple[bytes, bytes]]]) -> None:
-    encoder, decoder = _StatelessEncoder(), hpack.Decoder()
+    encoder, decoder = StatelessEncoder(), hpack.Decoder()
     decoder.max_header_list_size = 1 << 20
     for fields in blocks:
         assert _decode(decoder, encoder.encode(fields)) == fields

@@ -30,15 +30,10 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from h2.errors import ErrorCodes
 
-from dracpu.grpc.connection import (
-    STEP_BUDGET,
-    ConnectionClosed,
-    GRPCServerConnection,
-    Metadata,
-    RequestReceived,
-    StreamAborted,
-)
+from dracpu.grpc.connection import GRPCServerConnection
 from dracpu.grpc.errors import RPCError, ServerError
+from dracpu.grpc.events import ConnectionClosed, Metadata, RequestReceived, StreamAborted
+from dracpu.grpc.limits import STEP_BUDGET
 from dracpu.heap import RECLAIMER, Reclaimer
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ trailers pass its 16 KiB hard limit.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from grpclib.const import Status
 
@@ -84,6 +85,11 @@ def bounded_header_value(value: bytes, limit: int = MAX_STATUS_MESSAGE) -> bytes
     head = value[: limit + 1]
     text = head.decode("utf-8", errors="replace")
     return _bounded(text, len(head) == len(value), f"{len(value)} bytes", limit)
+
+
+def checked_headers(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """What the server sends, each value through ``bounded_header_value``."""
+    return [(name, bounded_header_value(value)) for name, value in headers]
 
 
 def _bounded(head: str, complete: bool, total: str, limit: int) -> bytes:
