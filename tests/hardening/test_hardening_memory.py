@@ -1,6 +1,6 @@
 """Memory that maximal requests take comes back once they are over.
 
-The DRA socket is served by a child process (``rss_server.py``), so the RSS read from
+The DRA socket is served by a child process (``dra_server.py``), so the RSS read from
 ``/proc/<pid>/status`` is the server's alone. 50 prepares whose claim name fills the
 message to just under the 4 MiB limit arrive two at a time on 25 connections at once,
 and the server's RSS must be back under 150 MB within 10 s of the last answer, with the
@@ -34,7 +34,7 @@ CALLS = 50
 CONNECTIONS = 25
 RSS_BOUND_MB = 150.0
 WITHIN = 10.0  # seconds after the last answer
-SERVER = Path(__file__).with_name("rss_server.py")
+SERVER = Path(__file__).with_name("dra_server.py")
 
 
 def rss_mb(pid: int) -> float:
@@ -48,7 +48,7 @@ def rss_mb(pid: int) -> float:
 def server() -> Iterator[tuple[int, str]]:
     root = short_dir("rss.")
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), root],
+        [sys.executable, str(SERVER), "dra", root],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
