@@ -27,7 +27,7 @@ endif
 
 .venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sim/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "dracpu needs Python 3.11 or newer; $(PYTHON) is" \
 	    "$$($(PYTHON) -V 2>/dev/null || echo 'not found')." \
@@ -36,7 +36,8 @@ $(STAMP): pyproject.toml
 	@# Through the resolved path: scripts pip writes name their interpreter in their first
 	@# line, which must not be a symlinked view of the checkout (the docs tests use one).
 	"$$(cd $(BIN) && pwd -P)/python" -m pip install -q --upgrade pip
-	"$$(cd $(BIN) && pwd -P)/python" -m pip install -q -e '.[test]'
+	@# The daemon with its test tools, and the simulated node (its own distribution, sim/).
+	"$$(cd $(BIN) && pwd -P)/python" -m pip install -q -e '.[test]' -e ./sim
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -46,8 +47,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src sim/src tests bench
+	$(BIN)/ruff format --check src sim/src tests bench
 	$(BIN)/mypy
 
 proto: $(STAMP)
@@ -65,7 +66,7 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info sim/src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # Every command and example in docs/ (tests/docs; see docs/development.md).
 docs-check: $(STAMP)
@@ -76,7 +77,7 @@ docs-check: $(STAMP)
 SEED     ?= 1
 DURATION ?= 300
 chaos: $(STAMP)
-	$(BIN)/python -m dracpu.sim.chaos --seed $(SEED) --duration $(DURATION)
+	$(BIN)/python -m dracpu_sim.chaos --seed $(SEED) --duration $(DURATION)
 
 # dracpu end to end on a kind cluster: create it from deploy/kind/kind-$(K8S_VERSION).yaml
 # (NRI, CDI, the DRA feature gates), build and load the image, `kubectl apply -k`, run every

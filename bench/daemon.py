@@ -28,7 +28,7 @@ from typing import Any  # noqa: E402
 
 import trio  # noqa: E402
 
-from dracpu.sim.node import SimNode  # noqa: E402
+from dracpu_sim.node import SimNode  # noqa: E402
 
 ROOT = str(Path(__file__).resolve().parent.parent / "tests" / "fake_sysfs" / "epyc-2s-768")
 CLAIMS = 200

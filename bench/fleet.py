@@ -17,7 +17,7 @@ import logging
 
 import trio
 
-from dracpu.sim.fleet import FleetOptions, run_fleet
+from dracpu_sim.fleet import FleetOptions, run_fleet
 
 NODES = 200
 

@@ -56,8 +56,8 @@ from dracpu.nri.pusher import PoolPusher
 from dracpu.nri.session import NRISession
 from dracpu.nri.ttrpc import RequestReceived
 from dracpu.proto.nri import api_pb2
-from dracpu.sim.runtime import RuntimeSimulator
 from dracpu.state import NodeState
+from dracpu_sim.runtime import RuntimeSimulator
 
 WARMUP = 200
 CREATES = 1000

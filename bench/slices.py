@@ -20,8 +20,8 @@ import trio
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
 from dracpu.k8s.slices import SliceReconciler
-from dracpu.sim.apiserver import SimAPIServer
 from dracpu.topology import discover_from_root
+from dracpu_sim.apiserver import SimAPIServer
 
 ROOT = Path(__file__).resolve().parent.parent / "tests" / "fake_sysfs" / "epyc-2s-768"
 NODE = "bench"

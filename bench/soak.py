@@ -55,7 +55,7 @@ import trio  # noqa: E402
 
 from dracpu import cdi  # noqa: E402
 from dracpu.proto.dra.v1 import api_pb2 as dra_pb  # noqa: E402
-from dracpu.sim.node import SimNode  # noqa: E402
+from dracpu_sim.node import SimNode  # noqa: E402
 
 ROOT = str(Path(__file__).resolve().parent.parent / "tests" / "fake_sysfs" / "epyc-2s-768")
 DEVICES = ("cpudevnuma000", "cpudevnuma001")
@@ -275,7 +275,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     stale = StaleUpdates()
-    logging.getLogger("dracpu.sim.runtime.simulator").addFilter(stale)
+    logging.getLogger("dracpu_sim.runtime.simulator").addFilter(stale)
     workdir = tempfile.mkdtemp(prefix="dsk", dir="/tmp")
     node = SimNode(workdir=workdir, node_cpus="0-767", node_mems="0-1")
     results = Results()

@@ -297,7 +297,7 @@ def allocation(*results: dict[str, Any], node: str | None = None) -> dict[str, A
     the scheduler writes."""
     body: dict[str, Any] = {"devices": {"results": list(results)}}
     if node is not None:
-        from dracpu.sim.scheduler import node_selector  # the scheduler is slow to import
+        from dracpu_sim.scheduler import node_selector  # the scheduler is slow to import
 
         body["nodeSelector"] = node_selector(node)
     return body

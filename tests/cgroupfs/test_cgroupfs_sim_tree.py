@@ -9,7 +9,7 @@ import pytest
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.messages import ContainerIntent
-from dracpu.sim.runtime import CgroupTree
+from dracpu_sim.runtime import CgroupTree
 
 
 def _intent(uid: str, cid: str, cpus: str) -> ContainerIntent:

@@ -2,7 +2,7 @@
 
 One run per device mode on the 80-CPU fixture with CPUs 0 and 40 reserved. Each injects
 every kind of fault (the plan puts one of each first) while pods come and go, then waits
-for the node to settle and checks every invariant of :mod:`dracpu.sim.chaos`. The long run
+for the node to settle and checks every invariant of :mod:`dracpu_sim.chaos`. The long run
 is ``make chaos SEED=... DURATION=...``.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dracpu.sim.chaos import FAULT_KINDS, ChaosOptions, format_result, main, make_plan, run_chaos
+from dracpu_sim.chaos import FAULT_KINDS, ChaosOptions, format_result, main, make_plan, run_chaos
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 SEED = 20261202
@@ -69,4 +69,4 @@ def test_bad_cgroup_flags_are_one_line(
         main(args)
     assert done.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"python -m dracpu.sim.chaos: {message}")
+    assert line.startswith(f"python -m dracpu_sim.chaos: {message}")

@@ -10,7 +10,7 @@ import trio
 
 from dracpu import cdi
 from dracpu.cpuset import CPUSet
-from dracpu.sim.chaos import (
+from dracpu_sim.chaos import (
     API_409_TARGETS,
     API_500_TARGETS,
     Action,
@@ -21,7 +21,7 @@ from dracpu.sim.chaos import (
     check_invariants,
     make_plan,
 )
-from dracpu.sim.node import SimNode
+from dracpu_sim.node import SimNode
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 

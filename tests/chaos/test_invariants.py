@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dracpu.cpuset import CPUSet
-from dracpu.sim.chaos import (
+from dracpu_sim.chaos import (
     ContainerView,
     Observation,
     PodView,

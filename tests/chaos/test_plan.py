@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from dracpu.sim.chaos import (
+from dracpu_sim.chaos import (
     FAULT_KINDS,
     ChaosResult,
     PodPlan,

@@ -7,8 +7,8 @@ import sys
 import pytest
 import yaml
 
-from dracpu.demo.scenario import ScenarioError, parse_scenario
 from dracpu.yamlguard import MAX_YAML_DEPTH, YamlTooDeep, check_nesting
+from dracpu_sim.demo.scenario import ScenarioError, parse_scenario
 
 TOO_DEEP = f"the document is nested too deeply (more than {MAX_YAML_DEPTH} levels)"
 

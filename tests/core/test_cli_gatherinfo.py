@@ -43,7 +43,7 @@ DAEMON = ["/usr/bin/python3.12", "/usr/local/bin/dracpu", "run", "--v=4", "--res
         (["dracpu", "demo", "--output", "json"], False),
         (["dracpu", "--config", "c.yaml", "introspect", "slices"], False),
         (["dracpu", "--", "map"], False),
-        (["python3", "-m", "dracpu.sim.chaos"], False),
+        (["python3", "-m", "dracpu_sim.chaos"], False),
         (["/usr/bin/other"], False),
         ([], False),
     ],

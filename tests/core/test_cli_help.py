@@ -50,13 +50,13 @@ def test_help_is_on_stdout_with_exit_0(
 
 
 def test_chaos_help_is_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    from dracpu.sim.chaos.cli import main as chaos_main
+    from dracpu_sim.chaos.cli import main as chaos_main
 
     with pytest.raises(SystemExit) as done:
         chaos_main(["--help"])
     out, err = capsys.readouterr()
     assert (done.value.code, err) == (0, "")
-    assert out.startswith("usage: python -m dracpu.sim.chaos")
+    assert out.startswith("usage: python -m dracpu_sim.chaos")
 
 
 @pytest.mark.parametrize(

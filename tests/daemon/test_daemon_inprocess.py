@@ -24,8 +24,8 @@ from dracpu.k8s.client import KubeClient
 from dracpu.nursery import Supervisor
 from dracpu.proto.dra.v1 import api_pb2 as dra_pb
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
-from dracpu.sim.apiserver import SimAPIServer
-from dracpu.sim.runtime.simulator import RuntimeSimulator
+from dracpu_sim.apiserver import SimAPIServer
+from dracpu_sim.runtime.simulator import RuntimeSimulator
 
 FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
 

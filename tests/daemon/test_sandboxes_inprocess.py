@@ -21,7 +21,7 @@ from dracpu.cpuset import CPUSet
 from dracpu.daemon.app import Daemon
 from dracpu.nursery import Supervisor
 from dracpu.proto.dra.v1 import api_pb2 as dra_pb
-from dracpu.sim.runtime.simulator import RuntimeSimulator
+from dracpu_sim.runtime.simulator import RuntimeSimulator
 
 PODS = 20
 FLAVORS = [(1, "cgroupfs"), (1, "systemd"), (2, "cgroupfs"), (2, "systemd")]

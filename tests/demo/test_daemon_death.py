@@ -7,8 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dracpu.demo.runner import _daemon_death
-from dracpu.sim.node import DaemonProcess
+from dracpu_sim.demo.runner import _daemon_death
+from dracpu_sim.node import DaemonProcess
 
 
 def _daemon(tmp_path: Path, returncode: int) -> DaemonProcess:

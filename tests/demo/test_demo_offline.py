@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from dracpu.cpuset import CPUSet
-from dracpu.demo.offline import OfflineError, pods_to_offline, set_cpu_online, writable_sysfs
-from dracpu.demo.scenario import load_scenario
+from dracpu_sim.demo.offline import OfflineError, pods_to_offline, set_cpu_online, writable_sysfs
+from dracpu_sim.demo.scenario import load_scenario
 
 REPO = Path(__file__).parents[2]
 

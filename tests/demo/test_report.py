@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dracpu.cpuset import CPUSet
-from dracpu.demo.runner import DemoOptions, DemoResult, _text_report, container_kind
-from dracpu.demo.scenario import Scenario
 from dracpu.topology.discover import discover_from_root
+from dracpu_sim.demo.runner import DemoOptions, DemoResult, _text_report, container_kind
+from dracpu_sim.demo.scenario import Scenario
 
 FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
 POOL = CPUSet.parse("0-3,8-15")

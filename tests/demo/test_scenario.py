@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from dracpu.demo.scenario import (
+from dracpu.topology.discover import discover_from_root
+from dracpu_sim.demo.scenario import (
     ScenarioError,
     default_scenario,
     load_scenario,
     parse_scenario,
     scenario_yaml,
 )
-from dracpu.topology.discover import discover_from_root
 
 FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dracpu.demo.uids import UIDNames
+from dracpu_sim.demo.uids import UIDNames
 
 POD_UID = "6f1c2d4e-0000-4000-8000-000000000001"
 CLAIM_UID = "6f1c2d4e-0000-4000-8000-000000000002"

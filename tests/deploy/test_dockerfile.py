@@ -271,6 +271,8 @@ def test_context_holds_only_what_the_build_reads(rules: list[tuple[bool, re.Patt
         "deploy/base/kustomization.yaml",
         "docs/quickstart.md",
         "bench/allocate.py",
+        "sim/pyproject.toml",
+        "sim/src/dracpu_sim/demo/runner.py",
         "Dockerfile",
         "src/dracpu.egg-info/PKG-INFO",
         "src/dracpu/__pycache__/cli.cpython-311.pyc",
@@ -329,6 +331,11 @@ def test_wheel_builds_from_the_context_and_installs(
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert sources <= names, sorted(sources - names)
     assert "dracpu/py.typed" in names
+    # The daemon only: the simulated node is its own distribution (sim/).
+    simulator = sorted(
+        n for n in names if n.startswith(("dracpu_sim", "dracpu/sim/", "dracpu/demo/"))
+    )
+    assert simulator == []
     assert "dracpu = dracpu.cli:main" in entry_points
     assert "dracpu-gatherinfo = dracpu.cli:gatherinfo_main" in entry_points
 
@@ -356,3 +363,24 @@ def test_wheel_builds_from_the_context_and_installs(
     )  # fmt: skip
     assert alias.returncode == 0, alias.stderr
     assert alias.stdout.startswith("usage: dracpu gatherinfo")  # help goes to stdout
+
+
+def test_simulator_is_its_own_distribution(tmp_path: Path) -> None:
+    """sim/ builds a wheel holding the simulated node and none of the daemon's modules."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path / "wheels"), str(REPO / "sim")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "wheels").glob("dracpu_sim-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        requires = next(zf.read(n).decode() for n in names if n.endswith("METADATA"))
+    modules = {n for n in names if n.endswith(".py")}
+    assert "dracpu_sim/demo/runner.py" in modules
+    assert "dracpu_sim/chaos/run.py" in modules
+    assert "dracpu_sim/py.typed" in names
+    assert not {n for n in modules if not n.startswith("dracpu_sim/")}
+    assert "Requires-Dist: dracpu\n" in requires

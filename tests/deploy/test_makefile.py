@@ -51,6 +51,8 @@ def _make(tmp: Path, *args: str, ident: str, ok: bool = True) -> subprocess.Comp
 def checkout(tmp_path: Path) -> Path:
     shutil.copy(REPO / "Makefile", tmp_path)
     shutil.copy(REPO / "pyproject.toml", tmp_path)
+    (tmp_path / "sim").mkdir()
+    shutil.copy(REPO / "sim" / "pyproject.toml", tmp_path / "sim")
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)

@@ -11,8 +11,8 @@ import pytest
 
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
-from dracpu.sim.apiserver.validation import validate_resource_slice
 from dracpu.topology import Topology, discover_from_root
+from dracpu_sim.apiserver.validation import validate_resource_slice
 
 FIXTURES = Path(__file__).parent.parent / "fake_sysfs"
 

@@ -16,8 +16,8 @@ from dracpu.devices import (
     pool_device_names,
     slice_index_prefix,
 )
-from dracpu.sim.apiserver.validation import validate_resource_slice
 from dracpu.topology import discover_from_root
+from dracpu_sim.apiserver.validation import validate_resource_slice
 
 cs = CPUSet.parse
 INDIVIDUAL = DeviceSettings(mode="individual")

@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 from builders import pod, resource_claim
 
-from dracpu.sim.node import SimNode, free_port
+from dracpu_sim.node import SimNode, free_port
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 

@@ -6,7 +6,7 @@ was allocated but before its pod ran, while the pod runs, right after the pod wa
 restart the node must hold exactly the right claims: no CPU in two claims, no CPU leaked,
 every running container's cgroup cpuset equal to what dracpu intends, and the checkpoint,
 CDI specs and kubelet in agreement with the daemon's state: the invariants of the chaos runs
-(:func:`dracpu.sim.chaos.check_invariants`), read from the node the same way.
+(:func:`dracpu_sim.chaos.check_invariants`), read from the node the same way.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import trio
 from builders import pod, resource_claim
 
 from dracpu.cpuset import CPUSet
-from dracpu.sim.chaos import check_invariants, desired_slices, observe_node
-from dracpu.sim.node import SimNode
+from dracpu_sim.chaos import check_invariants, desired_slices, observe_node
+from dracpu_sim.node import SimNode
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 ALL = CPUSet.parse("0-79")

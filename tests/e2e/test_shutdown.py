@@ -9,7 +9,7 @@ from pathlib import Path
 
 import trio
 
-from dracpu.sim.node import SimNode
+from dracpu_sim.node import SimNode
 
 XEON = str(Path(__file__).parents[1] / "fake_sysfs" / "xeon-2s-ht")
 

@@ -32,15 +32,15 @@ with atheris.instrument_imports():
     from dracpu.nri.errors import ProtocolError
     from dracpu.nri.mux import MAX_FRAME_PAYLOAD, Multiplexer
     from dracpu.nri.ttrpc import HEADER_LENGTH, MAX_DATA_LENGTH, TTRPCServerConnection
-    from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-    from dracpu.sim.apiserver.handler import (
+    from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+    from dracpu_sim.apiserver.handler import (
         DropConnection,
         Handler,
         Request,
         Response,
         WatchStart,
     )
-    from dracpu.sim.apiserver.store import ObjectStore
+    from dracpu_sim.apiserver.store import ObjectStore
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 

@@ -15,9 +15,9 @@ from fuzzing import bounded, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-from dracpu.sim.apiserver.handler import Handler, Request, Response, WatchStart
-from dracpu.sim.apiserver.store import ObjectStore
+from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu_sim.apiserver.handler import Handler, Request, Response, WatchStart
+from dracpu_sim.apiserver.store import ObjectStore
 
 COLLECTIONS = [
     "/api/v1/nodes",

@@ -45,7 +45,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from dracpu.config import ConfigError, load_config
-from dracpu.demo.scenario import ScenarioError, parse_scenario
 from dracpu.grpc.connection import (
     MAX_HEADER_BLOCK_SIZE,
     STEP_BUDGET,
@@ -61,6 +60,7 @@ from dracpu.nri.mux import PLUGIN_SERVICE_CONN, Multiplexer, MuxData
 from dracpu.nri.ttrpc import MessageType, TTRPCClientConnection, TTRPCServerConnection
 from dracpu.nri.ttrpc import encode_frame as ttrpc_frame
 from dracpu.proto.nri import ttrpc_pb2
+from dracpu_sim.demo.scenario import ScenarioError, parse_scenario
 
 KiB = 1024
 READ_SIZE = 64 * KiB

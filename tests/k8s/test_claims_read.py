@@ -20,7 +20,7 @@ from dracpu.k8s.claims import (
     read_claim,
 )
 from dracpu.k8s.client import KubeClient
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 
 @pytest.fixture

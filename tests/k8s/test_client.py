@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from dracpu.k8s.client import ConnectionFailed, KubeClient, NotFound, ServerError, load_api_client
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 
 @pytest.fixture

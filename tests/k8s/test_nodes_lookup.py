@@ -10,7 +10,7 @@ import trio
 
 from dracpu.k8s.client import KubeClient, NotFound, ServerError
 from dracpu.k8s.nodes import get_node_uid
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 
 @pytest.fixture

@@ -38,8 +38,8 @@ from dracpu.k8s.slices import (
     slice_digest,
 )
 from dracpu.logs import setup_logging
-from dracpu.sim.apiserver import SimAPIServer
 from dracpu.topology import discover_from_root
+from dracpu_sim.apiserver import SimAPIServer
 
 FAKE = Path(__file__).parent.parent / "fake_sysfs"
 NODE = "node-a"

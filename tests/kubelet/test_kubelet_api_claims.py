@@ -24,7 +24,7 @@ from kubelet_harness import (
 
 from dracpu.k8s.client import KubeClient
 from dracpu.kubelet import ApiClaimSource
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
-from dracpu.sim.runtime import RuntimeSimulator
 from dracpu.state import NodeState
+from dracpu_sim.runtime import RuntimeSimulator
 
 
 @dataclass

@@ -14,7 +14,7 @@ from nri_sim_node import SimNode, reconnects, sim_node
 
 from dracpu.nri.plugin import EMPTY_SHARED_POOL
 from dracpu.nri.session import NRI_API_VERSION
-from dracpu.sim.runtime import ContainerCreateError
+from dracpu_sim.runtime import ContainerCreateError
 
 
 async def test_lifecycle_shared_then_guaranteed_then_restart(

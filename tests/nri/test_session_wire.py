@@ -24,8 +24,8 @@ from dracpu.nri.session import NRI_API_VERSION, NRISession
 from dracpu.nri.ttrpc import RequestReceived, StatusCode, TTRPCClientConnection
 from dracpu.nursery.backoff import restart_delay
 from dracpu.proto.nri import api_pb2
-from dracpu.sim.runtime import RuntimeSimulator
 from dracpu.state import NodeState
+from dracpu_sim.runtime import RuntimeSimulator
 
 
 def make_plugin() -> tuple[NRIPlugin, ContainerState]:

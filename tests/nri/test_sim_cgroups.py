@@ -13,7 +13,7 @@ from nri_sim_node import sim_node
 
 from dracpu.cgroupfs.paths import detect_layout, resolve
 from dracpu.cpuset import CPUSet
-from dracpu.sim.runtime import CgroupTree, CgroupTreeError
+from dracpu_sim.runtime import CgroupTree, CgroupTreeError
 
 
 def make_tree(tmp_path: Path) -> CgroupTree:

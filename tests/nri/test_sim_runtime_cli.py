@@ -1,4 +1,4 @@
-"""``python -m dracpu.sim.runtime``: the simulator on its own, as a process."""
+"""``python -m dracpu_sim.runtime``: the simulator on its own, as a process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 def test_help_has_an_example() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "dracpu.sim.runtime", "--help"],
+        [sys.executable, "-m", "dracpu_sim.runtime", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -67,7 +67,7 @@ def test_listens_and_stops_on_sigint(
         [
             sys.executable,
             "-m",
-            "dracpu.sim.runtime",
+            "dracpu_sim.runtime",
             "--socket",
             socket_path,
             "--cgroup-root",

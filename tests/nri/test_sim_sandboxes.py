@@ -22,7 +22,7 @@ from dracpu.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 from dracpu.nri.peer import PLUGIN_SERVICE, RUNTIME_SERVICE, MuxPeer
 from dracpu.nri.ttrpc import RequestReceived, Status, StatusCode, unimplemented_method
 from dracpu.proto.nri import api_pb2
-from dracpu.sim.runtime import (
+from dracpu_sim.runtime import (
     CgroupLayoutError,
     PodSandboxError,
     RuntimeSimulator,

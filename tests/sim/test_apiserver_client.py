@@ -30,7 +30,7 @@ from dracpu.k8s.client import (
     TooManyRequests,
     load_api_client,
 )
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 T = TypeVar("T")
 
@@ -363,7 +363,7 @@ async def test_kube_client_error_classes(sim: Sim) -> None:
 
 
 async def test_connection_refused_is_connection_failed(tmp_path: Path) -> None:
-    from dracpu.sim.apiserver import write_kubeconfig
+    from dracpu_sim.apiserver import write_kubeconfig
 
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", 0))
@@ -427,7 +427,7 @@ async def test_kubectl_get_resourceslices(sim: Sim, tmp_path: Path) -> None:
 async def test_main_apiserver_writes_kubeconfig_and_prints_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dracpu.sim.apiserver import main_apiserver
+    from dracpu_sim.apiserver import main_apiserver
 
     kubeconfig = tmp_path / "kc"
     async with trio.open_nursery() as nursery:

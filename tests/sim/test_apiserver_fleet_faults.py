@@ -13,8 +13,8 @@ import trio
 
 from dracpu.k8s.client import ConnectionFailed, Gone, KubeClient, TooManyRequests
 from dracpu.k8s.watch import watch_once
-from dracpu.sim.apiserver import SimAPIServer
-from dracpu.sim.apiserver.faults import RateLimit
+from dracpu_sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver.faults import RateLimit
 
 SELECTOR = "spec.nodeName=node-a"
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from dracpu.sim.apiserver import openapi
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-from dracpu.sim.apiserver.handler import Handler, Request
-from dracpu.sim.apiserver.store import ObjectStore
+from dracpu_sim.apiserver import openapi
+from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu_sim.apiserver.handler import Handler, Request
+from dracpu_sim.apiserver.store import ObjectStore
 
 REPO = Path(__file__).parents[2]
 
@@ -82,7 +82,7 @@ def test_resource_claim_schema_reaches_the_request_fields() -> None:
 
 
 def test_strict_field_validation_names_every_unknown_field() -> None:
-    from dracpu.sim.apiserver.resources import resource_by_plural
+    from dracpu_sim.apiserver.resources import resource_by_plural
 
     claims = resource_by_plural("resourceclaims")
     claim = {

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dracpu.sim.apiserver.validation import (
+from dracpu_sim.apiserver.validation import (
     IDENTIFIER_MESSAGE,
     LABEL_MESSAGE,
     SUBDOMAIN_MESSAGE,

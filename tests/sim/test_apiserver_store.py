@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from dracpu.sim.apiserver.errors import ApiError
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-from dracpu.sim.apiserver.patch import json_patch, merge_patch
-from dracpu.sim.apiserver.resources import (
+from dracpu_sim.apiserver.errors import ApiError
+from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu_sim.apiserver.patch import json_patch, merge_patch
+from dracpu_sim.apiserver.resources import (
     NODES,
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
 )
-from dracpu.sim.apiserver.selectors import parse_field_selector, parse_label_selector
-from dracpu.sim.apiserver.store import JSON_PATCH, MERGE_PATCH, ObjectStore
-from dracpu.sim.apiserver.validation import validate_resource_slice
+from dracpu_sim.apiserver.selectors import parse_field_selector, parse_label_selector
+from dracpu_sim.apiserver.store import JSON_PATCH, MERGE_PATCH, ObjectStore
+from dracpu_sim.apiserver.validation import validate_resource_slice
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from test_apiserver_openapi import REPO, apiserver, kubectl
 
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-from dracpu.sim.apiserver.handler import Handler, Request, Response
-from dracpu.sim.apiserver.store import ObjectStore
-from dracpu.sim.apiserver.strategic import strategic_merge_patch
+from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu_sim.apiserver.handler import Handler, Request, Response
+from dracpu_sim.apiserver.store import ObjectStore
+from dracpu_sim.apiserver.strategic import strategic_merge_patch
 
 __all__ = ["apiserver"]  # the fixture, shared with the OpenAPI tests
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from test_apiserver_openapi import apiserver, kubectl
 
-from dracpu.sim.apiserver import tables
-from dracpu.sim.apiserver.faults import CallCounter, FaultInjector
-from dracpu.sim.apiserver.handler import Handler, Request, Response
-from dracpu.sim.apiserver.resources import RESOURCES
-from dracpu.sim.apiserver.store import ObjectStore
+from dracpu_sim.apiserver import tables
+from dracpu_sim.apiserver.faults import CallCounter, FaultInjector
+from dracpu_sim.apiserver.handler import Handler, Request, Response
+from dracpu_sim.apiserver.resources import RESOURCES
+from dracpu_sim.apiserver.store import ObjectStore
 
 __all__ = ["apiserver"]  # the fixture, shared with the OpenAPI tests
 

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dracpu.k8s.client import Gone, K8sError, KubeClient, load_api_client
 from dracpu.k8s.watch import WatchEvent, WatchStream, _decode, watch_once
-from dracpu.sim.apiserver import SimAPIServer
+from dracpu_sim.apiserver import SimAPIServer
 
 T = TypeVar("T")
 

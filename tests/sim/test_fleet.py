@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from dracpu.cpuset import CPUSet
-from dracpu.sim.apiserver.faults import RequestRecord
-from dracpu.sim.fleet import FleetOptions, FleetResult, build_parser, main, run_fleet
-from dracpu.sim.fleet.report import peak_rate, percentile, phase_counts
-from dracpu.sim.fleet.shapes import FIXTURES, SliceFactory, load_shapes
+from dracpu_sim.apiserver.faults import RequestRecord
+from dracpu_sim.fleet import FleetOptions, FleetResult, build_parser, main, run_fleet
+from dracpu_sim.fleet.report import peak_rate, percentile, phase_counts
+from dracpu_sim.fleet.shapes import FIXTURES, SliceFactory, load_shapes
 
 
 async def test_short_fleet_run_is_cheap_at_rest_and_converges_after_every_fault() -> None:
@@ -60,7 +60,7 @@ async def test_short_fleet_run_is_cheap_at_rest_and_converges_after_every_fault(
 
 
 def test_cli_parses_into_options() -> None:
-    from dracpu.sim.fleet.cli import options_from
+    from dracpu_sim.fleet.cli import options_from
 
     args = build_parser().parse_args(
         ["--nodes", "1000", "--cpus-per-node", "0", "--mode", "individual", "--duration", "60"]
@@ -95,7 +95,7 @@ def test_cli_prints_name_value_lines(
         result.topology_changes = 2
         return result
 
-    monkeypatch.setattr("dracpu.sim.fleet.cli.run_fleet", fake_run)
+    monkeypatch.setattr("dracpu_sim.fleet.cli.run_fleet", fake_run)
     assert main(["--nodes", "3"]) == 0
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     for name in ("objects_total", "requests_per_node_hour_idle", "watches_open"):

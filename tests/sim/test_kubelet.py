@@ -17,9 +17,9 @@ from builders import DRIVER, NODE, allocation, device_result, resource_claim
 from test_kubelet_harness import FakePlugin
 
 from dracpu.k8s.client import KubeClient
-from dracpu.sim.apiserver import SimAPIServer, tables
-from dracpu.sim.kubelet import Backoff, MemoryRuntime, SimKubelet
-from dracpu.sim.kubelet.runtime import ContainerRuntimeError
+from dracpu_sim.apiserver import SimAPIServer, tables
+from dracpu_sim.kubelet import Backoff, MemoryRuntime, SimKubelet
+from dracpu_sim.kubelet.runtime import ContainerRuntimeError
 
 # The container of the pods that name none: ``main``, with one environment variable.
 MAIN = {"name": "main", "image": "busybox", "env": [{"name": "GREETING", "value": "hi"}]}
@@ -791,8 +791,8 @@ async def test_run_registers_and_starts_pods(node: Node, nursery: trio.Nursery) 
 async def test_the_runtime_simulator_behind_the_adapter(
     nursery: trio.Nursery, tmp_path: Path, root: str
 ) -> None:
-    from dracpu.sim.kubelet import PodRuntimeAdapter
-    from dracpu.sim.runtime import RuntimeSimulator
+    from dracpu_sim.kubelet import PodRuntimeAdapter
+    from dracpu_sim.runtime import RuntimeSimulator
 
     node = await make_node(nursery, tmp_path, root)
     try:
@@ -819,7 +819,7 @@ def test_call_on_a_channel_closed_by_a_new_registration_is_a_call_error() -> Non
     that is a failed call (retried with backoff), not a crash of the kubelet."""
     import grpc
 
-    from dracpu.sim.kubelet import dra as sim_dra
+    from dracpu_sim.kubelet import dra as sim_dra
 
     channel = grpc.insecure_channel("unix:/tmp/dracpu-closed-channel.sock")
     channel.close()

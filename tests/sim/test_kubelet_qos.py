@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dracpu.sim.kubelet.pods import pod_qos_class
-from dracpu.sim.kubelet.runtime import MemoryRuntime, PodRuntimeAdapter
+from dracpu_sim.kubelet.pods import pod_qos_class
+from dracpu_sim.kubelet.runtime import MemoryRuntime, PodRuntimeAdapter
 
 
 def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from dracpu.k8s.client import KubeClient
 from dracpu.kubelet import DRAService, HealthService, KubeletPlugin
 from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.metrics import DriverMetrics
-from dracpu.sim.apiserver import SimAPIServer
-from dracpu.sim.kubelet import MemoryRuntime, SimKubelet
-from dracpu.sim.scheduler import Scheduler
 from dracpu.state import NodeState
+from dracpu_sim.apiserver import SimAPIServer
+from dracpu_sim.kubelet import MemoryRuntime, SimKubelet
+from dracpu_sim.scheduler import Scheduler
 
 
 @dataclass

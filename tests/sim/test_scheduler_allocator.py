@@ -13,7 +13,7 @@ from builders import NODE, device_class, machine, resource_claim
 from builders import claim_request as request
 
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
-from dracpu.sim.scheduler import AllocatedDevices, UnsatisfiableClaim, allocate, node_selector
+from dracpu_sim.scheduler import AllocatedDevices, UnsatisfiableClaim, allocate, node_selector
 
 CLASSES: dict[str, Any] = {"dra.cpu": device_class()}
 NUMA = 'device.attributes["resource.kubernetes.io"].numaNode'

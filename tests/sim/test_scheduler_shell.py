@@ -15,8 +15,8 @@ from builders import NODE, claim_request, device_class, machine, resource_claim
 
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
-from dracpu.sim.apiserver import SimAPIServer
-from dracpu.sim.scheduler import ScheduleOutcome, Scheduler
+from dracpu_sim.apiserver import SimAPIServer
+from dracpu_sim.scheduler import ScheduleOutcome, Scheduler
 
 
 class Cluster:

@@ -14,9 +14,9 @@ from builders import NODE, claim_request, device_class, machine
 
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
 from dracpu.k8s.client import KubeClient
-from dracpu.sim.apiserver import SimAPIServer
-from dracpu.sim.scheduler import Scheduler
-from dracpu.sim.scheduler.templates import (
+from dracpu_sim.apiserver import SimAPIServer
+from dracpu_sim.scheduler import Scheduler
+from dracpu_sim.scheduler.templates import (
     POD_CLAIM_NAME_ANNOTATION,
     claim_from_template,
     claim_generate_name,

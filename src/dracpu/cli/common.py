@@ -130,8 +130,12 @@ def parse_root(argv: Sequence[str]) -> ParsedFlags:
 
 
 def require_simulator(command: str) -> None:
-    """The simulated node's own dependencies (the `sim` extra) are installed, or one line
-    saying how to get them: the daemon's image leaves them out."""
+    """The simulated node is installed, or one line saying how to get it.
+
+    The simulator (`dracpu_sim`: demo, sim, chaos, fleet) is its own distribution in the
+    repository's `sim/` directory, with its own dependencies (grpcio, cel-python); the
+    daemon's wheel and image hold neither. `make .venv` installs it from a checkout.
+    """
     import importlib.util
 
     def installed(module: str) -> bool:
@@ -140,6 +144,11 @@ def require_simulator(command: str) -> None:
         except ImportError:
             return False
 
+    if not installed("dracpu_sim"):
+        raise CLIError(
+            f"{command} runs the simulated node, which is not installed: from a dracpu "
+            "checkout, run make .venv (or pip install ./sim)"
+        )
     missing = [
         dist
         for module, dist in (("grpc", "grpcio"), ("celpy", "cel-python"))
@@ -148,7 +157,7 @@ def require_simulator(command: str) -> None:
     if missing:
         raise CLIError(
             f"{command} runs the simulated node, which needs {' and '.join(missing)}; "
-            "install them with: pip install 'dracpu[sim]'"
+            "install them with: pip install ./sim"
         )
 
 

@@ -58,7 +58,7 @@ def _demo_parser() -> argparse.ArgumentParser:
         "CPU must stay unreserved",
     )
     p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
-    from dracpu.sim.runtime.cliflags import add_cgroup_flags
+    from dracpu_sim.runtime.cliflags import add_cgroup_flags
 
     # cgroup v2 with the systemd driver: what most nodes run today.
     add_cgroup_flags(p, version=2, driver="systemd")
@@ -66,14 +66,14 @@ def _demo_parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
-    args = _demo_parser().parse_args(argv)
     require_simulator("dracpu demo")
+    args = _demo_parser().parse_args(argv)
 
     import trio
 
     from dracpu.allocation.floor import unpublished_cpus
-    from dracpu.demo.runner import DemoError, DemoOptions, run_demo
-    from dracpu.demo.scenario import ScenarioError, default_scenario, load_scenario
+    from dracpu_sim.demo.runner import DemoError, DemoOptions, run_demo
+    from dracpu_sim.demo.scenario import ScenarioError, default_scenario, load_scenario
 
     root = sysfs_root(args.sysfs_root)
     topo = discover(root)

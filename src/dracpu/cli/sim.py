@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from dracpu.cli.common import CLIError, command_parser, print_help_text
+from dracpu.cli.common import CLIError, command_parser, print_help_text, require_simulator
 
 __all__ = ["SIM_SUBCOMMANDS", "cmd_sim"]
 
 
 def _runtime(argv: Sequence[str]) -> int:
-    from dracpu.sim.runtime.__main__ import main as runtime_main
+    from dracpu_sim.runtime.__main__ import main as runtime_main
 
     return runtime_main(list(argv))
 
@@ -24,7 +24,7 @@ def _runtime(argv: Sequence[str]) -> int:
 def _apiserver(argv: Sequence[str]) -> int:
     import trio
 
-    from dracpu.sim.apiserver import main_apiserver
+    from dracpu_sim.apiserver import main_apiserver
 
     p = command_parser(
         "dracpu sim apiserver",
@@ -49,7 +49,7 @@ def _apiserver(argv: Sequence[str]) -> int:
 
 
 def _fleet(argv: Sequence[str]) -> int:
-    from dracpu.sim.fleet.cli import main as fleet_main
+    from dracpu_sim.fleet.cli import main as fleet_main
 
     return fleet_main(list(argv), prog="dracpu sim fleet")
 
@@ -84,4 +84,5 @@ def cmd_sim(argv: Sequence[str]) -> int:
     handler = SIM_SUBCOMMANDS.get(argv[0])
     if handler is None:
         raise CLIError(f'unknown sim subcommand "{argv[0]}"; supported subcommands: {supported}')
+    require_simulator(f"dracpu sim {argv[0]}")
     return handler(argv[1:])

@@ -3,7 +3,7 @@
 Pure: a Topology and settings in, an inventory of devices (``inventory``, with the types
 of ``model``) and JSON-ready ResourceSlice objects (``slices``) out. What the API server
 would reject in a slice is checked by the simulated API server
-(``dracpu.sim.apiserver.validation``), which the tests run every built slice through.
+(``dracpu_sim.apiserver.validation``), which the tests run every built slice through.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 bytes to its ttrpc object (a server on the connection it serves, a client on the one it
 calls), passes every inbound request to a callback, and matches replies to outstanding
 calls. dracpu's NRI session serves connection 1 and calls on 2; the runtime simulator
-(`dracpu.sim.runtime`) uses the same class with the connections swapped.
+(`dracpu_sim.runtime`) uses the same class with the connections swapped.
 """
 
 from __future__ import annotations
