@@ -8,8 +8,8 @@
 # build-time bind mount, so neither the wheels, pip's cache nor any build tool ends up in a
 # layer of the final image. Needs BuildKit (the default builder since Docker 23).
 #
-# The lock holds the daemon's dependencies only: the simulator's (grpcio, cel-python, the
-# `sim` extra) are not in the image. Regenerate it after a dependency change in
+# The lock holds the daemon's dependencies only: the simulated node is its own distribution
+# (sim/, with grpcio and cel-python) and is not in the image. Regenerate it after a dependency change in
 # pyproject.toml (docs/image.md):
 #   pip-compile --generate-hashes --strip-extras --output-file requirements/image.txt pyproject.toml
 #
