@@ -664,7 +664,7 @@ def test_request_policy_refusing_the_amount(policy: dict[str, Any]) -> None:
         ),
         (claim({"name": "r"}), 'request "r": one of exactly or firstAvailable is required'),
         (
-            claim(request(), constraints=[{"matchAttribute": "x", "requests": ["zzz"]}]),
+            claim(request(), constraints=[{"matchAttribute": "dra.cpu/x", "requests": ["zzz"]}]),
             'constraint #0: names unknown request "zzz"',
         ),
         (

@@ -7,7 +7,10 @@ exactly as the API stores it (protocols.md §4.2). Supported: device classes and
 selectors (CEL), ``ExactCount`` with ``count`` and ``All``, consumable capacity
 (``capacity.requests`` on devices with ``allowMultipleAllocations``, rounded up per
 ``requestPolicy``; each result carries ``consumedCapacity`` and a ``shareID``),
-``matchAttribute`` / ``distinctAttribute`` constraints, ``firstAvailable`` sub-requests,
+``matchAttribute`` / ``distinctAttribute`` constraints across requests of any drivers (with
+list-type attributes as KEP-5491 defines them: a match is a non-empty intersection of the
+devices' value sets, distinct sets are pairwise disjoint, a scalar is a one-value set; a
+device without the attribute never satisfies the constraint), ``firstAvailable`` sub-requests,
 ``adminAccess`` and class/claim opaque config. Not modelled: device taints and
 tolerations, ``nodeSelector``-scoped slices, shared counters, binding conditions.
 
@@ -18,6 +21,7 @@ constraint, and why.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -28,6 +32,7 @@ from dracpu.gofmt import go_quote
 from dracpu_sim.scheduler.cel import SelectorError, compile_selector, format_quantity
 from dracpu_sim.scheduler.devices import (
     AllocatedDevices,
+    AttributeElement,
     DeviceKey,
     NodeDevices,
     PublishedDevice,
@@ -169,11 +174,19 @@ def _constraints(claim: Mapping[str, Any], names: set[str]) -> list[_Constraint]
         kinds = [k for k in ("matchAttribute", "distinctAttribute") if raw.get(k)]
         if len(kinds) != 1:
             raise _Bad(f"constraint #{i}: exactly one of matchAttribute or distinctAttribute")
+        attribute = str(raw[kinds[0]])
+        if "/" not in attribute:
+            # The API server refuses such a claim (validateFullyQualifiedName): a constraint
+            # spans drivers, so no driver's domain could be assumed for it.
+            raise _Bad(
+                f"spec.devices.constraints[{i}].{kinds[0]}: Invalid value: "
+                f"{_quote(attribute)}: must include a domain"
+            )
         requests = tuple(str(r) for r in raw.get("requests") or ())
         for r in requests:
             if r.split("/", 1)[0] not in names:
                 raise _Bad(f"constraint #{i}: names unknown request {_quote(r)}")
-        out.append(_Constraint(kinds[0], str(raw[kinds[0]]), requests))  # type: ignore[arg-type]
+        out.append(_Constraint(kinds[0], attribute, requests))  # type: ignore[arg-type]
     return out
 
 
@@ -277,14 +290,20 @@ class _Search:
     picks: list[_Pick] = field(default_factory=list)
     exclusive: set[DeviceKey] = field(default_factory=set)
     consumed: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
-    # Per constraint: matchAttribute -> [value, refcount]; distinctAttribute -> values.
-    match: dict[int, list[Any]] = field(default_factory=dict)
-    distinct: dict[int, set[Any]] = field(default_factory=dict)
+    # Per constraint, with list-type attributes (KEP-5491) in mind. matchAttribute: the
+    # intersection of the value sets of the devices picked so far, one entry per device, so
+    # that backtracking restores the wider set (a single running intersection narrowed by
+    # a device that is then taken back would wrongly keep rejecting). distinctAttribute:
+    # how many picked devices hold each value (the sets must be pairwise disjoint).
+    match: dict[int, list[frozenset[AttributeElement]]] = field(default_factory=dict)
+    distinct: dict[int, Counter[AttributeElement]] = field(default_factory=dict)
     steps: int = 0
 
-    def _attribute(self, c: _Constraint, device: PublishedDevice) -> tuple[bool, object]:
-        key = attribute_key(c.attribute, device.driver)
-        return key in device.attributes, device.attributes.get(key)
+    def _attribute(self, c: _Constraint, device: PublishedDevice) -> frozenset[AttributeElement]:
+        """The device's value set for the constraint's attribute; empty when it lacks it
+        (``c.attribute`` is fully qualified; a device's unqualified names are in its
+        driver's domain, as the allocator's lookupAttribute resolves them)."""
+        return device.attributes.get(c.attribute, frozenset())
 
     def fits(self, alt: _Alternative, device: PublishedDevice, use: dict[str, Fraction]) -> bool:
         if not alt.admin_access:
@@ -300,14 +319,17 @@ class _Search:
         for i, c in enumerate(self.constraints):
             if not c.applies(alt):
                 continue
-            present, value = self._attribute(c, device)
-            if not present:
-                return False
+            values = self._attribute(c, device)
+            if not values:
+                return False  # a device without the attribute never satisfies it
             if c.kind == "matchAttribute":
-                if i in self.match and self.match[i][0] != value:
+                stack = self.match.get(i)
+                if stack and not stack[-1] & values:
                     return False
-            elif value in self.distinct.get(i, ()):
-                return False
+            else:
+                held = self.distinct.get(i)
+                if held and any(held[v] for v in values):
+                    return False
         return True
 
     def push(self, alt: _Alternative, device: PublishedDevice, use: dict[str, Fraction]) -> None:
@@ -325,12 +347,12 @@ class _Search:
         for i, c in enumerate(self.constraints):
             if not c.applies(alt):
                 continue
-            _, value = self._attribute(c, device)
+            values = self._attribute(c, device)
             if c.kind == "matchAttribute":
-                entry = self.match.setdefault(i, [value, 0])
-                entry[1] += 1
+                stack = self.match.setdefault(i, [])
+                stack.append(stack[-1] & values if stack else values)
             else:
-                self.distinct.setdefault(i, set()).add(value)
+                self.distinct.setdefault(i, Counter()).update(values)
 
     def pop(self) -> None:
         pick = self.picks.pop()
@@ -345,13 +367,10 @@ class _Search:
         for i, c in enumerate(self.constraints):
             if not c.applies(alt):
                 continue
-            _, value = self._attribute(c, device)
             if c.kind == "matchAttribute":
-                self.match[i][1] -= 1
-                if self.match[i][1] == 0:
-                    del self.match[i]
+                self.match[i].pop()
             else:
-                self.distinct[i].discard(value)
+                self.distinct[i].subtract(self._attribute(c, device))
 
     def _could_fill(
         self,
@@ -361,7 +380,7 @@ class _Search:
         need: int,
     ) -> bool:
         """An upper bound check: are there still ``need`` usable devices from ``start``?
-        Devices under a distinctAttribute constraint count once per distinct value."""
+        Devices under a distinctAttribute constraint count once per distinct value set."""
         if need <= 0:
             return True
         distinct = [
@@ -369,13 +388,14 @@ class _Search:
             for i, c in enumerate(self.constraints)
             if c.applies(alt) and c.kind == "distinctAttribute"
         ]
-        seen: set[tuple[object, ...]] = set()
+        seen: set[tuple[frozenset[AttributeElement], ...]] = set()
         found = 0
         for device, use in fitting[start:]:
             if not self.fits(alt, device, use):
                 continue
             if distinct:
-                values = tuple(self._attribute(self.constraints[i], device)[1] for i in distinct)
+                # Devices with the same value set can never be picked together.
+                values = tuple(self._attribute(self.constraints[i], device) for i in distinct)
                 if values in seen:
                     continue
                 seen.add(values)
@@ -593,6 +613,22 @@ def _explain_capacity(
     )
 
 
+def _lacking_attribute(
+    constraint: _Constraint, requests: Sequence[_Request], candidates: Mapping[str, _Candidates]
+) -> str | None:
+    """The first request under ``constraint`` none of whose candidate devices (in any of
+    its alternatives) has the attribute: the constraint fails on that alone."""
+    for request in requests:
+        applicable = [alt for alt in request.alternatives if constraint.applies(alt)]
+        if applicable and not any(
+            device.attributes.get(constraint.attribute)
+            for alt in applicable
+            for device, _ in candidates[alt.name].fitting
+        ):
+            return request.name
+    return None
+
+
 def _explain(
     requests: Sequence[_Request],
     constraints: list[_Constraint],
@@ -614,6 +650,12 @@ def _explain(
             detail = "; ".join(f"{alt.name}: {reason}" for alt, reason in reasons)
             return f"request {_quote(request.name)}: no sub-request can be satisfied: {detail}"
     for constraint in constraints:
+        lacking = _lacking_attribute(constraint, requests, candidates)
+        if lacking is not None:
+            return (
+                f"{constraint.describe()}: no device for request {_quote(lacking)} "
+                f"on {node_name} has this attribute"
+            )
         probe = _Search(allocated, [constraint], DEFAULT_SEARCH_BUDGET)
         try:
             ok = probe.solve(requests, 0, candidates)

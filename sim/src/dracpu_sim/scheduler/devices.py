@@ -22,10 +22,12 @@ from dracpu_sim.scheduler.cel import device_value, qualify
 
 __all__ = [
     "AllocatedDevices",
+    "AttributeElement",
     "DeviceKey",
     "NodeDevices",
     "PublishedDevice",
     "attribute_key",
+    "attribute_values",
     "gather_devices",
 ]
 
@@ -38,14 +40,26 @@ def attribute_key(name: str, driver: str) -> str:
     return f"{domain}/{ident}"
 
 
-def _attribute_python(attr: Mapping[str, Any]) -> object:
-    for kind in ("int", "bool", "string", "version"):
+# One element of an attribute's value: (type, value). Typed, so that an int 1 and a bool
+# true (equal in Python) or an int 1 and a string "1" never match.
+AttributeElement = tuple[str, object]
+_SCALAR_KINDS = ("int", "bool", "string", "version")
+_LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+
+
+def attribute_values(attr: Mapping[str, Any]) -> frozenset[AttributeElement]:
+    """An attribute's value as the set constraints compare (KEP-5491, list-type attributes):
+    a scalar is a one-element set, a list (``ints``, ``strings``, ...) the set of its
+    entries, each tagged with its type. Versions compare as strings, as the structured
+    allocator does: semver 2.0.0 values are in their minimal form. Empty for a value of
+    no known type (which then matches nothing)."""
+    for kind in _SCALAR_KINDS:
         if kind in attr:
-            return attr[kind]
-    for kind in ("ints", "bools", "strings", "versions"):
-        if kind in attr:
-            return tuple(attr[kind])
-    return None
+            return frozenset({(kind, attr[kind])})
+    for kind, element in _LIST_KINDS.items():
+        if kind in attr and isinstance(attr[kind], list):
+            return frozenset((element, value) for value in attr[kind])
+    return frozenset()
 
 
 @dataclass(eq=False)
@@ -60,7 +74,8 @@ class PublishedDevice:
     capacity: dict[str, Fraction]
     capacity_names: dict[str, str]
     policies: dict[str, Mapping[str, Any]]
-    attributes: dict[str, object]
+    # Fully qualified attribute name -> its value set (``attribute_values``).
+    attributes: dict[str, frozenset[AttributeElement]]
     _cel: celtypes.MapType | None = field(default=None, repr=False)
 
     @property
@@ -122,7 +137,7 @@ def _published(
         capacity_names=names,
         policies=policies,
         attributes={
-            attribute_key(name, driver): _attribute_python(attr)
+            attribute_key(name, driver): attribute_values(attr)
             for name, attr in (device.get("attributes") or {}).items()
         },
     )
