@@ -244,11 +244,15 @@ class DRAService:
         read, is not allocated, or was replaced; nothing is changed then.
         """
         with operation("preparing resource claims", v=4, claims=len(claims)):
-            allocations = [await self.claims.get(c.namespace, c.name, c.uid) for c in claims]
+            # A pod may name one claim twice (the kubelet then sends it twice): read it once.
+            fetched: dict[ClaimRef, ClaimAllocation] = {}
+            for c in claims:
+                if c not in fetched:
+                    fetched[c] = await self.claims.get(c.namespace, c.name, c.uid)
             results: dict[str, ClaimPrepareResult] = {}
-            for ref, claim in zip(claims, allocations, strict=True):
+            for ref in claims:
                 started = time.perf_counter()
-                result = await self._prepare_claim(claim)
+                result = await self._prepare_claim(fetched[ref])
                 self.metrics.prepare_duration.observe(time.perf_counter() - started)
                 self.metrics.count_prepare("error" if result.error else "success")
                 results[ref.uid] = result
