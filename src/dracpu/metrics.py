@@ -26,6 +26,9 @@ RESULT_LABELS = ("success", "error", "unknown")
 # Why dracpu wrote a cpuset itself: the runtime said the update failed, the cgroup read back
 # after an update the runtime called a success differed, or the drift watcher found it.
 FALLBACK_CAUSES = ("runtime-reported", "verify-mismatch", "drift", "sandbox")
+# dracpu_claim_status_writes_total (dracpu.k8s.claim_status): what was applied, and how it went.
+CLAIM_STATUS_OPERATIONS = ("apply", "remove")
+CLAIM_STATUS_RESULTS = ("success", "error", "gone", "refused")
 CONVERGENCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CPU_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -140,6 +143,15 @@ DRACPU_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
         "Writes of the allocation checkpoint.",
         ("result",),
     ),
+    MetricDefinition(
+        "dracpu_claim_status_writes_total",
+        "counter",
+        "Server-side applies of dracpu's entries in ResourceClaim status.devices: operation "
+        "apply (after a prepare) or remove (after an unprepare); result success, error "
+        "(retried), gone (the claim was deleted or replaced) or refused (the API server "
+        "refused it or dropped the field).",
+        ("operation", "result"),
+    ),
 )
 
 
@@ -217,6 +229,13 @@ class DriverMetrics:
         self.drifted_containers = gauge("dracpu_cgroup_drifted_containers")
         self.nri_reconnects = counter("dracpu_nri_reconnects_total")
         self.checkpoint_writes = counter("dracpu_checkpoint_writes_total")
+        status = _defn("dracpu_claim_status_writes_total")
+        self.claim_status_writes = Counter(
+            status.name.removesuffix("_total"), status.help, status.labels, registry=registry
+        )
+        for operation in CLAIM_STATUS_OPERATIONS:
+            for result in CLAIM_STATUS_RESULTS:
+                self.claim_status_writes.labels(operation=operation, result=result)
 
     @staticmethod
     def _count(c: Counter, result: str) -> None:
@@ -228,6 +247,11 @@ class DriverMetrics:
 
     def count_drift_repair(self, result: str) -> None:
         self._count(self.drift_repairs, result)
+
+    def count_claim_status_write(self, operation: str, result: str) -> None:
+        if operation not in CLAIM_STATUS_OPERATIONS or result not in CLAIM_STATUS_RESULTS:
+            raise ValueError(f"unknown claim status write {operation}/{result}")
+        self.claim_status_writes.labels(operation=operation, result=result).inc()
 
     def count_checkpoint_write(self, result: str) -> None:
         self._count(self.checkpoint_writes, result)

@@ -53,6 +53,10 @@ RBAC_RULES = {
         ("list", "watch", "create", "update", "delete"),
     ),
     (("resource.k8s.io",), ("resourceclaims",), (), ("get",)),
+    # The claim's status.devices (dracpu.k8s.claim_status): server-side apply is a patch,
+    # and from 1.36 the per-driver check on the synthetic resourceclaims/driver.
+    (("resource.k8s.io",), ("resourceclaims/status",), (), ("patch",)),
+    (("resource.k8s.io",), ("resourceclaims/driver",), ("dra.cpu",), ("associated-node:patch",)),
 }
 
 # name → (path inside = path on the host, read-only, hostPath type).

@@ -35,8 +35,18 @@ PLURALS = {"device_class": "deviceclasses"}
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 # Upstream's chart (behavior.md §17.2) also grants what its Go kubelet-plugin helper uses
-# (device classes, claim device status, pods); dracpu calls none of these, so its role
+# (device classes, pods, update on claim status); dracpu calls none of these, so its role
 # must not grant them: the role and the calls found in the source must be equal.
+
+# Grants the API server checks beside a call's own (authorization on synthetic
+# subresources): from 1.36 a patch of a claim's status.devices is also authorized per
+# driver on resourceclaims/driver, verb associated-node:patch for a node-local driver
+# (kubernetes pkg/registry/resource/authz.go AuthorizedForDeviceStatus).
+IMPLIED: dict[Grant, tuple[Grant, ...]] = {
+    ("resource.k8s.io", "resourceclaims/status", "patch"): (
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
+    ),
+}
 
 
 def _api_method(name: str) -> tuple[type, str] | None:
@@ -111,6 +121,9 @@ def calls_in_source() -> dict[Grant, list[str]]:
             ):
                 grant = grant_of_path(node.args[0].value)
                 found.setdefault(grant, []).append(f"{rel}:{node.lineno}")
+    for grant, implied in IMPLIED.items():
+        for extra in implied if grant in found else ():
+            found.setdefault(extra, []).extend(found[grant])
     return found
 
 

@@ -1,0 +1,399 @@
+"""dracpu's entries in ResourceClaim status.devices: the pure body builders and the writer
+service against a scripted API (the simulated API server's side is in
+tests/sim/test_apiserver_claim_status.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+from builders import cs, grid
+from prometheus_client import CollectorRegistry
+
+from dracpu.k8s.claim_status import (
+    APPLY_PATCH,
+    DATA_MAX_BYTES,
+    FIELD_MANAGER,
+    ClaimPrepared,
+    ClaimStatusWriter,
+    ClaimUnprepared,
+    StatusDevice,
+    apply_body,
+    device_data,
+    removal_body,
+)
+from dracpu.k8s.client import Invalid, K8sError, NotFound, ServerError
+from dracpu.metrics import DriverMetrics
+
+# One socket, two NUMA nodes of two 2-thread cores: core g holds CPUs g and g+4;
+# NUMA 0 is CPUs 0,1,4,5 and NUMA 1 is CPUs 2,3,6,7.
+TOPO = grid(1, 2, 2, threads=2)
+SINCE = datetime(2026, 12, 3, 15, 0, 0, tzinfo=UTC)
+UID = "11111111-2222-3333-4444-555555555555"
+
+
+def prepared(cpus: str = "0,4", *devices: str, uid: str = UID, **kw: Any) -> ClaimPrepared:
+    return ClaimPrepared(
+        uid=uid,
+        namespace="default",
+        name="pinned",
+        cpus=cpus,
+        devices=tuple(StatusDevice(pool="node-1", device=d) for d in devices or ("cpudev000",)),
+        **kw,
+    )
+
+
+# -- the pure part ----------------------------------------------------------------------
+
+
+def test_data_holds_the_cpuset_numa_nodes_and_whether_cores_are_whole() -> None:
+    assert device_data(cs("0,4"), TOPO) == {
+        "cpuset": "0,4",
+        "cpuCount": 2,
+        "numaNodes": "0",
+        "fullCores": True,
+        "sharedPoolAccess": False,
+    }
+    # CPU 2 without its sibling 6: a core shared with someone else; two NUMA nodes.
+    data = device_data(cs("0-2,4-5"), TOPO, shared_pool_access=True)
+    assert data["cpuset"] == "0-2,4-5"
+    assert data["numaNodes"] == "0-1"
+    assert data["fullCores"] is False
+    assert data["sharedPoolAccess"] is True
+
+
+def test_data_without_a_topology_has_only_the_cpus() -> None:
+    assert device_data(cs("3"), None) == {"cpuset": "3", "cpuCount": 1, "sharedPoolAccess": False}
+
+
+def test_data_never_exceeds_the_api_limit() -> None:
+    # Every other CPU of 8192: the list alone is ~24 KiB, more than the 10 KiB allowed.
+    scattered = cs(",".join(str(c) for c in range(0, 8192, 2)))
+    data = device_data(scattered, None)
+    assert "cpuset" not in data
+    assert data["cpuCount"] == 4096
+    assert len(msgspec.json.encode(data)) <= DATA_MAX_BYTES
+
+
+def test_apply_body_has_one_ready_entry_per_device() -> None:
+    change = prepared("0,4", "cpudev000", "cpudev004")
+    body = apply_body(change, topology=TOPO, node_name="node-1", since=SINCE)
+    assert body["apiVersion"] == "resource.k8s.io/v1"
+    assert body["kind"] == "ResourceClaim"
+    assert body["metadata"] == {"name": "pinned", "namespace": "default"}
+    entries = body["status"]["devices"]
+    assert [(e["driver"], e["pool"], e["device"]) for e in entries] == [
+        ("dra.cpu", "node-1", "cpudev000"),
+        ("dra.cpu", "node-1", "cpudev004"),
+    ]
+    for entry in entries:
+        assert "shareID" not in entry
+        assert entry["data"]["cpuset"] == "0,4"
+        assert entry["conditions"] == [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "CPUsAssigned",
+                "message": "2 exclusive CPUs 0,4 on node node-1",
+                "lastTransitionTime": "2026-12-03T15:00:00Z",
+            }
+        ]
+
+
+def test_apply_body_names_the_share_of_a_shared_device() -> None:
+    share = "6a1b0f0e-8d39-4f6e-9c38-2f4a0a1b2c3d"
+    change = ClaimPrepared(
+        uid=UID,
+        namespace="ns",
+        name="c",
+        cpus="2",
+        devices=(StatusDevice(pool="node-1", device="cpudevnuma001", share_id=share),),
+    )
+    body = apply_body(change, topology=TOPO, node_name="", since=SINCE)
+    (entry,) = body["status"]["devices"]
+    assert entry["shareID"] == share
+    assert entry["conditions"][0]["message"] == "1 exclusive CPU 2"
+
+
+def test_removal_body_applies_nothing() -> None:
+    assert removal_body("ns", "c") == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+    }
+
+
+def test_a_prepared_change_with_a_bad_cpuset_is_refused_by_the_builder() -> None:
+    with pytest.raises(ValueError):
+        apply_body(prepared("0-"), topology=TOPO, node_name="n", since=SINCE)
+
+
+# -- the writer ---------------------------------------------------------------------------
+
+
+class _Resource:
+    def patch_namespaced_resource_claim_status(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("called through KubeClient.call_raw only")
+
+
+Answer = bytes | Exception | Callable[[dict[str, Any]], bytes]
+
+
+def echo(uid: str = UID) -> Callable[[dict[str, Any]], bytes]:
+    """An API server that stores what it is given: the claim with our entries."""
+
+    def answer(body: dict[str, Any]) -> bytes:
+        return json.dumps(
+            {"metadata": {"uid": uid, **body["metadata"]}, "status": body.get("status", {})}
+        ).encode()
+
+    return answer
+
+
+class ScriptedKube:
+    """call_raw answers from a script; every call is recorded."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.resource = _Resource()
+
+    async def call_raw(self, fn: Any, /, *args: Any, **kwargs: Any) -> bytes:
+        self.calls.append((fn.__name__, args, kwargs))
+        answer = self.answers.pop(0) if self.answers else echo()
+        if isinstance(answer, Exception):
+            raise answer
+        if callable(answer):
+            return answer(args[2])
+        return answer
+
+
+def writer(kube: ScriptedKube, **kw: Any) -> tuple[ClaimStatusWriter, DriverMetrics]:
+    metrics = DriverMetrics(CollectorRegistry())
+    w = ClaimStatusWriter(
+        kube,  # type: ignore[arg-type]
+        node_name="node-1",
+        topology=lambda: TOPO,
+        count=metrics.count_claim_status_write,
+        rand=lambda: 0.0,
+        now=lambda: SINCE,
+        **kw,
+    )
+    return w, metrics
+
+
+def count(metrics: DriverMetrics, operation: str, result: str) -> float:
+    return metrics.claim_status_writes.labels(operation=operation, result=result)._value.get()
+
+
+async def settle(w: ClaimStatusWriter, seconds: float = 0.0) -> None:
+    await trio.sleep(seconds)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_prepare_is_applied_with_our_field_manager(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube()
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    ((method, args, kwargs),) = kube.calls
+    assert method == "patch_namespaced_resource_claim_status"
+    assert args[:2] == ("pinned", "default")
+    assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=SINCE)
+    assert kwargs == {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY_PATCH}
+    assert count(metrics, "apply", "success") == 1
+    assert w.describe()["claims"] == {UID: "written"}
+
+
+async def test_the_same_status_again_is_not_written_twice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube()
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        w.send(prepared())  # the kubelet prepares again (a retry, a restart)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "success") == 1
+
+
+async def test_an_unprepare_removes_our_entries(autojump_clock: trio.testing.MockClock) -> None:
+    kube = ScriptedKube()
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        w.send(ClaimUnprepared(uid=UID, namespace="default", name="pinned"))
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
+    assert count(metrics, "remove", "success") == 1
+    assert w.describe()["claims"] == {}
+
+
+async def test_a_status_never_written_is_not_taken_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube()
+    w, _ = writer(kube)
+    # Both arrive before the writer runs: the last word is that there is nothing to write.
+    w.send(prepared())
+    w.send(ClaimUnprepared(uid=UID, namespace="default", name="pinned"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert kube.calls == []
+
+
+async def test_a_failed_write_is_counted_and_retried_with_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube(ServerError("etcd is slow", status=500), echo())
+    w, metrics = writer(kube, backoff_base=2.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        start = trio.current_time()
+        w.send(prepared())
+        await settle(w)
+        assert len(kube.calls) == 1
+        assert w.describe()["claims"] == {UID: "writing (retrying: etcd is slow)"}
+        await settle(w, 0.9)  # rand 0 puts the first retry at half the 2 s base
+        assert len(kube.calls) == 1
+        await settle(w, 0.2)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 2
+    assert trio.current_time() - start >= 1.0
+    assert count(metrics, "apply", "error") == 1
+    assert count(metrics, "apply", "success") == 1
+
+
+async def test_retry_after_is_honoured(autojump_clock: trio.testing.MockClock) -> None:
+    kube = ScriptedKube(ServerError("busy", status=503, retry_after=20.0), echo())
+    w, _ = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w, 19.0)
+        assert len(kube.calls) == 1
+        await settle(w, 2.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 2
+
+
+async def test_an_invalid_status_is_refused_once_and_not_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube(Invalid("must be an allocated device in the claim", status=422))
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "refused") == 1
+    assert w.describe()["claims"] == {}
+
+
+async def test_a_deleted_claim_is_gone(autojump_clock: trio.testing.MockClock) -> None:
+    kube = ScriptedKube(NotFound('resourceclaims.resource.k8s.io "pinned" not found', status=404))
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "gone") == 1
+
+
+async def test_forbidden_is_said_once_and_retried_rarely(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    forbidden = K8sError("forbidden", status=403)
+    kube = ScriptedKube(forbidden, forbidden, echo())
+    w, metrics = writer(kube, forbidden_retry=300.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w, 299.0)
+        assert len(kube.calls) == 1
+        await settle(w, 302.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 3
+    assert count(metrics, "apply", "refused") == 2
+    assert count(metrics, "apply", "success") == 1
+    said = [r for r in caplog.records if "ClusterRole" in r.getMessage()]
+    assert len(said) == 1
+
+
+async def test_a_server_that_drops_the_field_stops_the_writer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The DRAResourceClaimDeviceStatus gate off: the apply succeeds, status.devices is gone.
+    dropped = json.dumps({"metadata": {"uid": UID}, "status": {}}).encode()
+    kube = ScriptedKube(dropped)
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        w.send(prepared("1,5", uid="another"))
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "refused") == 1
+    assert "DRAResourceClaimDeviceStatus" in w.describe()["disabled"]
+
+
+async def test_a_replaced_claim_gets_back_what_was_applied_to_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube(echo(uid="someone-else"), echo(uid="someone-else"))
+    w, metrics = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
+    assert count(metrics, "apply", "gone") == 1
+
+
+async def test_a_writer_turned_off_writes_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    kube = ScriptedKube()
+    w, _ = writer(kube, enabled=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run)
+        w.send(prepared())
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert kube.calls == []
+    assert w.describe()["disabled"] == "turned off"
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="forbidden_retry"):
+        writer(ScriptedKube(), forbidden_retry=0)
+    with pytest.raises(ValueError, match="backoff"):
+        writer(ScriptedKube(), backoff_base=0)
+    metrics = DriverMetrics(CollectorRegistry())
+    with pytest.raises(ValueError, match="unknown claim status write"):
+        metrics.count_claim_status_write("apply", "maybe")
