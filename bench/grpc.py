@@ -15,6 +15,13 @@ and unprepared at once, 5 pairs each, on dracpu's server with the daemon's whole
 changes share one write). The `grpclib_` lines are the same handlers and file work on
 grpclib with the checkpoint written the plain way (each change waits for a write of its
 own, one at a time); `pairs_rps_conc64_vs_grpclib` is the median ratio of alternated runs.
+The `real_` lines are the drain on the path a node takes: the same daemon file work, and
+besides each prepare GETs its claim from a simulated API server (in a child process of its
+own, so its CPU is not counted) through the daemon's own claim source and kubernetes
+client, and the device metadata files go to a plugin directory on disk, fsynced, as the
+kubelet plugin's data dir is on a node. `real_cpu_ms_per_pair` is the dracpu server's CPU
+per prepare+unprepare pair; `real_vs_echo_pairs` the median ratio of its pairs/s over the
+echo floor's in alternated runs.
 The `echo_` lines are the floor: the same Trio + h2 server with handlers that answer at
 once, no planning, no files. With 64 calls in flight and the server's one core busy, a
 call's latency is about 64 divided by the calls per second (Little's law): the unprepare
@@ -58,8 +65,8 @@ LATENCY_CYCLES = 300
 PAIRS = 4
 SERVERS = ("trio", "grpclib")
 R = TypeVar("R")
-DRAIN_SERVERS = ("durable", "grpclib-durable", "echo")
-DRAIN_PREFIXES = ("", "grpclib_", "echo_")
+DRAIN_SERVERS = ("durable", "grpclib-durable", "echo", "real")
+DRAIN_PREFIXES = ("", "grpclib_", "echo_")  # "real" prints its own lines
 DRAIN_RUNS = 3
 NODE = "node-a"
 SPEC_TMPFS = "/dev/shm"
@@ -89,7 +96,13 @@ def _claims() -> list[Any]:
     ]
 
 
-def _service(cdi_dir: str, serial: Any = None, state: Any = None) -> Any:
+def _service(
+    cdi_dir: str,
+    serial: Any = None,
+    state: Any = None,
+    claims: Any = None,
+    plugin_data_dir: str | None = None,
+) -> Any:
     from prometheus_client import CollectorRegistry
 
     from dracpu.allocation.store import AllocationStore
@@ -102,7 +115,7 @@ def _service(cdi_dir: str, serial: Any = None, state: Any = None) -> Any:
 
     topo = discover_from_root(FIXTURE)
     return DRAService(
-        claims=MemoryClaimSource(_claims()),
+        claims=claims or MemoryClaimSource(_claims()),
         state=state or NodeState(AllocationStore(topo.all_cpus, CPUSet())),
         inventory=build_inventory(topo, DeviceSettings(mode="grouped", group_by="numanode")),
         topology=topo,
@@ -111,6 +124,7 @@ def _service(cdi_dir: str, serial: Any = None, state: Any = None) -> Any:
         metrics=DriverMetrics(CollectorRegistry()),
         node_name=NODE,
         serial=serial,
+        plugin_data_dir=plugin_data_dir,
     )
 
 
@@ -159,17 +173,76 @@ class _AsyncioSerial:
         return _Scope(shield=False)
 
 
-async def _serve_durable(path: str, cdi_dir: str, state_dir: str) -> None:
-    """The daemon's file work: CDI specs on tmpfs and the checkpoint, fsynced, on disk."""
+async def _serve_durable(
+    path: str, cdi_dir: str, state_dir: str, kubeconfig: str | None = None
+) -> None:
+    """The daemon's file work: CDI specs on tmpfs and the checkpoint, fsynced, on disk.
+    With ``kubeconfig``, the real path: claims read from that API server as the daemon
+    reads them, device metadata written to a plugin dir on disk next to the state dir."""
     import trio
 
     from dracpu.state import CheckpointFile
 
-    service = _service(cdi_dir)
+    if kubeconfig is None:
+        service = _service(cdi_dir)
+    else:
+        from dracpu.k8s.client import KubeClient
+        from dracpu.kubelet import ApiClaimSource
+
+        # As cli/run.py and daemon/app.py build them.
+        kube = KubeClient.from_kubeconfig(kubeconfig)
+        plugin_dir = os.path.join(os.path.dirname(state_dir), "plugin")
+        service = _service(
+            cdi_dir, claims=ApiClaimSource(kube, pool=NODE), plugin_data_dir=plugin_dir
+        )
     checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
         await _serve_settled(path, service.grpc_handlers())
+
+
+def _serve_api(kubeconfig: str, count: int) -> None:
+    """The simulated API server holding ``count`` claims allocated on NODE, as
+    ``_claims()`` has them; prints their UIDs (the server assigns them) as one JSON line."""
+    import json
+
+    import trio
+
+    from dracpu_sim.apiserver import SimAPIServer, write_kubeconfig
+
+    async def main() -> None:
+        server = SimAPIServer(seed=1)
+        uids = {}
+        for c in _claims()[:count]:
+            result = c.results[0]
+            request = {"name": "cpus", "exactly": {"deviceClassName": "dra.cpu"}}
+            created = server.create(
+                "resourceclaims",
+                {"metadata": {"name": c.name}, "spec": {"devices": {"requests": [request]}}},
+                c.namespace,
+            )
+            allocated = {
+                "request": result.request,
+                "driver": result.driver,
+                "pool": result.pool,
+                "device": result.device,
+                "consumedCapacity": dict(result.consumed_capacity),
+            }
+            server.patch(
+                "resourceclaims",
+                c.name,
+                {"status": {"allocation": {"devices": {"results": [allocated]}}}},
+                c.namespace,
+                subresource="status",
+            )
+            uids[c.name] = created["metadata"]["uid"]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            write_kubeconfig(kubeconfig, server.url)
+            print(json.dumps(uids), flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
 
 
 async def _serve_settled(path: str, handlers: Any) -> None:
@@ -255,10 +328,12 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
         trio.run(_serve_echo, path)
     elif kind == "grpclib-durable":
         _serve_durable_grpclib(path, cdi_dir, os.path.dirname(path) + "/state")
-    elif kind == "durable":
+    elif kind in ("durable", "real"):
         import trio
 
-        trio.run(_serve_durable, path, cdi_dir, os.path.dirname(path) + "/state")
+        work = os.path.dirname(path)
+        kubeconfig = work + "/kubeconfig" if kind == "real" else None
+        trio.run(_serve_durable, path, cdi_dir, work + "/state", kubeconfig)
     elif kind == "trio":
         import trio
 
@@ -384,21 +459,35 @@ def _pairs(
         done.append(1)
 
 
-def _run_concurrent(kind: str) -> tuple[float, float]:
+def _run_concurrent(kind: str) -> tuple[float, float, float]:
     """64 claims prepared and unprepared at once, as in a node drain, with the daemon's
-    file work (spec on tmpfs, checkpoint fsynced on disk): unprepare p50 and pairs/s."""
+    file work (spec on tmpfs, checkpoint fsynced on disk; for "real" also the claim GET
+    and the device metadata on disk): unprepare p50, pairs/s and server CPU ms per pair."""
+    import json
+
     import grpc
 
     work = tempfile.mkdtemp(dir="/tmp", prefix="bench.")
     cdi_parent = tempfile.mkdtemp(dir=SPEC_TMPFS if os.path.isdir(SPEC_TMPFS) else None)
     path, cdi_dir = work + "/s.sock", cdi_parent + "/cdi"
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, path, cdi_dir])
+    claims = _claims()[:CONCURRENCY]
+    api = None
+    proc = None
     try:
+        if kind == "real":
+            api = subprocess.Popen(
+                [sys.executable, __file__, "--serve-api", work + "/kubeconfig", str(CONCURRENCY)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert api.stdout is not None
+            uids = json.loads(api.stdout.readline())
+            claims = [c.__class__(**{**_fields(c), "uid": uids[c.name]}) for c in claims]
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, path, cdi_dir])
         while not os.path.exists(path):
             time.sleep(0.01)
         channel = grpc.insecure_channel("unix:" + path)
         grpc.channel_ready_future(channel).result(timeout=10)
-        claims = _claims()[:CONCURRENCY]
         unprepares: list[float] = []
         done: list[int] = []
         errors: list[str] = []
@@ -406,21 +495,28 @@ def _run_concurrent(kind: str) -> tuple[float, float]:
             threading.Thread(target=_pairs, args=(channel, c, unprepares, done, errors))
             for c in claims
         ]
-        t0 = time.perf_counter()
+        cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
+        cpu = _cpu_seconds(proc.pid) - cpu0
         channel.close()
         if errors:
             raise SystemExit(f"{kind}: prepare failed: {errors[0]}")
-        return _quantile(unprepares, 0.50) * 1e3, len(done) / elapsed
+        return _quantile(unprepares, 0.50) * 1e3, len(done) / elapsed, cpu / len(done) * 1e3
     finally:
-        proc.terminate()
-        proc.wait()
+        for child in (proc, api):
+            if child is not None:
+                child.terminate()
+                child.wait()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(cdi_parent, ignore_errors=True)
+
+
+def _fields(struct: Any) -> dict[str, Any]:
+    return {name: getattr(struct, name) for name in struct.__struct_fields__}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -463,19 +559,29 @@ def main() -> None:
     print(f"grpclib_prepare_rps: {rps:.0f} calls/s")
     print(f"grpclib_prepare_server_cpu_per_cycle_us: {cpu:.0f} us")
     drains = _alternated(DRAIN_SERVERS, DRAIN_RUNS, _run_concurrent)
-    for kind, prefix in zip(DRAIN_SERVERS, DRAIN_PREFIXES, strict=True):
-        unprepare_p50 = statistics.median(u for u, _ in drains[kind])
-        pairs_rps = statistics.median(r for _, r in drains[kind])
+    for kind, prefix in zip(DRAIN_SERVERS, DRAIN_PREFIXES, strict=False):
+        unprepare_p50 = statistics.median(u for u, _, _ in drains[kind])
+        pairs_rps = statistics.median(r for _, r, _ in drains[kind])
         print(f"{prefix}unprepare_p50_ms_conc64: {unprepare_p50:.2f} ms")
         print(f"{prefix}pairs_rps_conc64: {pairs_rps:.0f} pairs/s")
     drain_ratio = statistics.median(
         t[1] / g[1] for t, g in zip(drains["durable"], drains["grpclib-durable"], strict=True)
     )
     print(f"pairs_rps_conc64_vs_grpclib: {drain_ratio:.2f} x")
+    real_rps = statistics.median(r for _, r, _ in drains["real"])
+    real_cpu = statistics.median(c for _, _, c in drains["real"])
+    real_ratio = statistics.median(
+        r[1] / e[1] for r, e in zip(drains["real"], drains["echo"], strict=True)
+    )
+    print(f"real_pairs_rps_conc64: {real_rps:.0f} pairs/s")
+    print(f"real_cpu_ms_per_pair: {real_cpu:.2f} ms")
+    print(f"real_vs_echo_pairs: {real_ratio:.2f} x")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--serve":
         _serve(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--serve-api":
+        _serve_api(sys.argv[2], int(sys.argv[3]))
     else:
         main()
