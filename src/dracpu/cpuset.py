@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 from dracpu.bounded import remember
 
-__all__ = ["CPUSet", "CPUSetParseError"]
+__all__ = ["CPUSet", "CPUSetParseError", "parse_cpuset"]
 
 # A cpu id far beyond any real machine; it bounds the bitmask a hostile string could build.
 MAX_CPU_ID = 1 << 16
@@ -228,6 +228,17 @@ class CPUSet:
 
     def __repr__(self) -> str:
         return f"CPUSet({self.format()!r})"
+
+
+def parse_cpuset(text: str) -> CPUSet:
+    """Parse a cpuset that came from a user or a runtime, not from sysfs.
+
+    ``CPUSet.parse`` forgives one trailing newline because sysfs files end with one; a
+    value in an env entry, an opaque config or a checkpoint has no such excuse.
+    """
+    if text.endswith("\n"):
+        raise CPUSetParseError(text, text.rsplit(",", 1)[-1], "not a cpu id or range")
+    return CPUSet.parse(text)
 
 
 _new = object.__new__

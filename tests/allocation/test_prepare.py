@@ -19,9 +19,6 @@ from dracpu.allocation.prepare import (
     ClaimAllocation,
     ClaimPlan,
     PrepareError,
-    cdi_device_id,
-    cdi_device_name,
-    cdi_env_entry,
     plan_claim,
 )
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
@@ -107,16 +104,6 @@ def dev(device: str, request: str = "cpus", allocated: int | None = None) -> Pre
         request_names=(request,) if request else (),
         allocated_num_cpus=allocated,
     )
-
-
-# -- CDI names -------------------------------------------------------------------------------
-
-
-def test_cdi_names() -> None:
-    uid = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
-    assert cdi_device_name(uid) == f"claim-{uid}"
-    assert cdi_device_id(uid) == f"dra.k8s.io/cpu=claim-{uid}"
-    assert cdi_env_entry(uid, cs("2-3,10-11")) == f"DRA_CPUSET_{uid}=2-3,10-11"
 
 
 # -- individual mode (§8.1) ------------------------------------------------------------------

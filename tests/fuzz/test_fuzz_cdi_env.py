@@ -18,7 +18,6 @@ from fuzzing import bounded, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
 from dracpu.cdi import (
     MAX_SPEC_BYTES,
     CDIError,
@@ -27,6 +26,7 @@ from dracpu.cdi import (
     read_claim_specs,
     write_claim_spec,
 )
+from dracpu.cdi.env import DRAEnvError, parse_dra_env
 from dracpu.cpuset import MAX_CPU_ID, CPUSet, CPUSetParseError
 
 PREFIX = "dra.k8s.io-cpu_claim-"

@@ -13,8 +13,8 @@ from fuzzing import bounded, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dracpu.allocation.env import parse_dra_env
 from dracpu.allocation.store import AllocationStore, ClaimRecord
+from dracpu.cdi.env import parse_dra_env
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.nri.plugin import CreateDecision, NRIPlugin, NRIPluginError

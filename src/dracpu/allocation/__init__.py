@@ -33,7 +33,7 @@ __all__ = [
     "take_cpus",
 ]
 
-# -- claim state and preparation (store, checkpoint, prepare, opaque, env, quantity) ---------
+# -- claim state and preparation (store, checkpoint, prepare, opaque, quantity) --------------
 from dracpu.allocation.checkpoint import (
     CHECKPOINT_VERSION,
     Checkpoint,
@@ -44,16 +44,12 @@ from dracpu.allocation.checkpoint import (
     encode_checkpoint,
     is_driver_restart,
 )
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
 from dracpu.allocation.opaque import DeviceConfig, OpaqueConfigError
 from dracpu.allocation.prepare import (
     AllocationResult,
     ClaimAllocation,
     ClaimPlan,
     PrepareError,
-    cdi_device_id,
-    cdi_device_name,
-    cdi_env_entry,
     plan_claim,
 )
 from dracpu.allocation.quantity import QuantityError, parse_quantity
@@ -85,7 +81,6 @@ __all__ += [
     "ClaimTracker",
     "ContainerRecord",
     "ContainerState",
-    "DRAEnvError",
     "DeviceConfig",
     "OpaqueConfigError",
     "Owner",
@@ -96,13 +91,9 @@ __all__ += [
     "StateError",
     "StoreError",
     "StoreSnapshot",
-    "cdi_device_id",
-    "cdi_device_name",
-    "cdi_env_entry",
     "decode_checkpoint",
     "encode_checkpoint",
     "is_driver_restart",
-    "parse_dra_env",
     "parse_quantity",
     "plan_claim",
 ]

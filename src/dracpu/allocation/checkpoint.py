@@ -23,9 +23,8 @@ from typing import Any
 
 import msgspec
 
-from dracpu.allocation.env import parse_cpuset
 from dracpu.allocation.store import ClaimRecord
-from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.cpuset import CPUSet, CPUSetParseError, parse_cpuset
 
 __all__ = [
     "CHECKPOINT_VERSION",

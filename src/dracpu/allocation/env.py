@@ -1,18 +1,13 @@
-"""The ``DRA_CPUSET_<claimUID>=<cpuset>`` container env entries (behavior.md §13.2).
-
-The CDI spec of a prepared claim injects one such entry into every container that uses the
-claim; the NRI plugin reads them back to learn which exclusive CPUs a container holds.
-
-This module also holds ``parse_cpuset``: the kernel list format as claim-facing messages
-read it, without the one trailing newline that sysfs reads are allowed.
+"""Moved: the ``DRA_CPUSET_<uid>`` env entries are ``dracpu.cdi.env`` (they are what the
+claim's CDI spec injects), ``parse_cpuset`` is ``dracpu.cpuset``. The names stay importable
+from here for the importers outside this package's owners' reach (the simulator's chaos
+invariants, the fuzz harness) until they import from the new homes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from dracpu.cpuset import CPUSet, CPUSetParseError
-from dracpu.gofmt import go_quote
+from dracpu.cdi.env import DRA_ENV_KEY_PREFIX, DRA_ENV_PREFIX, DRAEnvError, parse_dra_env
+from dracpu.cpuset import parse_cpuset
 
 __all__ = [
     "DRA_ENV_KEY_PREFIX",
@@ -21,44 +16,3 @@ __all__ = [
     "parse_cpuset",
     "parse_dra_env",
 ]
-
-# Entries are looked at when they start with DRA_ENV_PREFIX; only keys that start with
-# DRA_ENV_KEY_PREFIX carry a claim UID (so ``DRA_CPUSETX=...`` is ignored, as upstream does).
-DRA_ENV_PREFIX = "DRA_CPUSET"
-DRA_ENV_KEY_PREFIX = "DRA_CPUSET_"
-
-
-def parse_cpuset(text: str) -> CPUSet:
-    """Parse a cpuset that came from a user or a runtime, not from sysfs.
-
-    ``CPUSet.parse`` forgives one trailing newline because sysfs files end with one; a
-    value in an env entry or an opaque config has no such excuse.
-    """
-    if text.endswith("\n"):
-        raise CPUSetParseError(text, text.rsplit(",", 1)[-1], "not a cpu id or range")
-    return CPUSet.parse(text)
-
-
-class DRAEnvError(ValueError):
-    """A ``DRA_CPUSET`` env entry that cannot be read; the message is the container's error."""
-
-
-def parse_dra_env(env: Iterable[str]) -> dict[str, CPUSet]:
-    """Claim UID -> cpuset from a container's env; later entries for a UID win."""
-    claims: dict[str, CPUSet] = {}
-    for entry in env:
-        if not entry.startswith(DRA_ENV_PREFIX):
-            continue
-        key, sep, value = entry.partition("=")
-        if not sep:
-            raise DRAEnvError(f"malformed DRA env entry {go_quote(entry)}")
-        if not key.startswith(DRA_ENV_KEY_PREFIX):
-            continue
-        try:
-            cpus = parse_cpuset(value)
-        except CPUSetParseError as exc:
-            raise DRAEnvError(
-                f"failed to parse cpuset value {go_quote(value)} from env {go_quote(entry)}: {exc}"
-            ) from None
-        claims[key[len(DRA_ENV_KEY_PREFIX) :]] = cpus
-    return claims

@@ -26,14 +26,13 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from dracpu import DRIVER_NAME
-from dracpu.allocation.env import parse_cpuset
 from dracpu.allocation.options import (
     AllocationOptions,
     AllocationOptionsError,
     is_allocation_options,
     parse_allocation_options,
 )
-from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.cpuset import CPUSet, CPUSetParseError, parse_cpuset
 from dracpu.gofmt import go_quote
 
 __all__ = [

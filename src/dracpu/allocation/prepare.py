@@ -14,10 +14,9 @@ from typing import Protocol
 
 import msgspec
 
+from dracpu import DRIVER_NAME
 from dracpu.allocation.allocator import AllocationError, take_cpus
-from dracpu.allocation.env import DRA_ENV_KEY_PREFIX
 from dracpu.allocation.opaque import (
-    DRIVER_NAME,
     DeviceConfig,
     OpaqueConfigError,
     check_override,
@@ -33,29 +32,18 @@ from dracpu.allocation.store import (
     PreparedDevice,
 )
 from dracpu.cpuset import CPUSet
+from dracpu.devices.model import CAPACITY_CPU
 from dracpu.gofmt import go_quote
 from dracpu.topology.model import Topology
 
 __all__ = [
-    "CAPACITY_NAME",
-    "CDI_CLASS",
-    "CDI_KIND",
-    "CDI_VENDOR",
     "AllocationResult",
     "ClaimAllocation",
     "ClaimPlan",
     "DeviceNames",
     "PrepareError",
-    "cdi_device_id",
-    "cdi_device_name",
-    "cdi_env_entry",
     "plan_claim",
 ]
-
-CAPACITY_NAME = "dra.cpu/cpu"
-CDI_VENDOR = "dra.k8s.io"
-CDI_CLASS = "cpu"
-CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 
 
 class PrepareError(Exception):
@@ -131,23 +119,6 @@ class DeviceNames(Protocol):
     def group_of_device(self) -> Mapping[str, int]: ...
 
 
-# -- CDI names (§8.5, §10.1) -----------------------------------------------------------------
-
-
-def cdi_device_name(claim_uid: str) -> str:
-    return f"claim-{claim_uid}"
-
-
-def cdi_device_id(claim_uid: str) -> str:
-    """The fully qualified CDI device id handed to the kubelet."""
-    return f"{CDI_KIND}={cdi_device_name(claim_uid)}"
-
-
-def cdi_env_entry(claim_uid: str, cpus: CPUSet) -> str:
-    """The env entry the CDI spec injects; the UID goes in verbatim, hyphens and all."""
-    return f"{DRA_ENV_KEY_PREFIX}{claim_uid}={cpus.format()}"
-
-
 # -- planning ----------------------------------------------------------------------------------
 
 
@@ -156,7 +127,7 @@ def _claim_ref(claim: ClaimAllocation) -> str:
 
 
 def _allocated_num_cpus(result: AllocationResult) -> int | None:
-    raw = result.consumed_capacity.get(CAPACITY_NAME)
+    raw = result.consumed_capacity.get(CAPACITY_CPU)
     if raw is None:
         return None
     try:
@@ -256,9 +227,9 @@ def _individual_options(
 def _requested_count(result: AllocationResult) -> int:
     """§8.2 step 3 capacity checks: the result's ``dra.cpu/cpu`` as a positive integer."""
     device = go_quote(result.device)
-    raw = result.consumed_capacity.get(CAPACITY_NAME)
+    raw = result.consumed_capacity.get(CAPACITY_CPU)
     if raw is None:
-        raise PrepareError(f"CPU capacity {go_quote(CAPACITY_NAME)} for device {device} is missing")
+        raise PrepareError(f"CPU capacity {go_quote(CAPACITY_CPU)} for device {device} is missing")
     try:
         value = parse_quantity(raw)
     except QuantityError as exc:

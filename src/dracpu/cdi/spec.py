@@ -17,14 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
-from dracpu.allocation.prepare import (
-    CDI_CLASS,
-    CDI_KIND,
-    CDI_VENDOR,
-    cdi_device_name,
-    cdi_env_entry,
-)
+from dracpu.cdi.env import DRA_ENV_KEY_PREFIX, DRAEnvError, cdi_env_entry, parse_dra_env
+from dracpu.cdi.names import CDI_KIND, DEVICE_PREFIX, SPEC_PREFIX, cdi_device_name
 from dracpu.cpuset import CPUSet
 from dracpu.gofmt import go_quote
 
@@ -49,9 +43,7 @@ __all__ = [
 CDI_DIR = "/var/run/cdi"
 CDI_VERSION = "0.3.0"
 KNOWN_VERSIONS = frozenset(("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"))
-SPEC_PREFIX = f"{CDI_VENDOR}-{CDI_CLASS}_"
-DEVICE_PREFIX = "claim-"
-# A file name is at most 255 bytes; the prefix, "claim-" and ".json" take 26 of them.
+# A file name is at most 255 bytes; SPEC_PREFIX, DEVICE_PREFIX and ".json" take 26 of them.
 MAX_CLAIM_UID = 128
 # Our specs are under 200 bytes; a spec file is read whole, so its size is capped.
 MAX_SPEC_BYTES = 1024 * 1024
@@ -180,7 +172,9 @@ def claim_from_spec(name: str, spec: dict[str, Any]) -> tuple[str, CPUSet]:
         except DRAEnvError as exc:
             raise SpecError(str(exc)) from None
         if uid not in claims:
-            raise SpecError(f"device {json.dumps(wanted)} has no DRA_CPUSET_{uid} env entry")
+            raise SpecError(
+                f"device {json.dumps(wanted)} has no {DRA_ENV_KEY_PREFIX}{uid} env entry"
+            )
         return uid, claims[uid]
     raise SpecError(f"no device named {json.dumps(wanted)}")
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from dracpu import DRIVER_NAME
 from dracpu.cpuset import CPUSet
 
 __all__ = [
@@ -32,26 +33,30 @@ __all__ = [
     "UnknownDeviceError",
 ]
 
-CAPACITY_CPU = "dra.cpu/cpu"
+# Capacity and attribute names are resource.k8s.io QualifiedNames, "<domain>/<C identifier>";
+# the driver's own have its name as their domain (a name without one is taken as the driver's).
+CAPACITY_CPU = f"{DRIVER_NAME}/cpu"
 MACHINE_DEVICE = "cpudevmachine"
 
 ATTR_NUMA = "resource.kubernetes.io/numaNode"
 ATTR_PCIE = "resource.kubernetes.io/pcieRoot"
-ATTR_SOCKET = "dra.cpu/socketID"
-ATTR_SMT = "dra.cpu/smtEnabled"
-ATTR_NUM_CPUS = "dra.cpu/numCPUs"
-ATTR_CPU = "dra.cpu/cpuID"
-ATTR_CORE = "dra.cpu/coreID"
-ATTR_CORE_TYPE = "dra.cpu/coreType"
-ATTR_L3 = "dra.cpu/cacheL3ID"
-ATTR_NUMA_LEGACY = "dra.cpu/numaNodeID"
+ATTR_SOCKET = f"{DRIVER_NAME}/socketID"
+ATTR_SMT = f"{DRIVER_NAME}/smtEnabled"
+ATTR_NUM_CPUS = f"{DRIVER_NAME}/numCPUs"
+ATTR_CPU = f"{DRIVER_NAME}/cpuID"
+ATTR_CORE = f"{DRIVER_NAME}/coreID"
+ATTR_CORE_TYPE = f"{DRIVER_NAME}/coreType"
+ATTR_L3 = f"{DRIVER_NAME}/cacheL3ID"
+ATTR_NUMA_LEGACY = f"{DRIVER_NAME}/numaNodeID"
 ATTR_NUMA_NET = "dra.net/numaNode"
 # dracpu's own, published only on nodes that isolate CPUs (isolcpus=, nohz_full=), so the
 # devices of every other node stay exactly upstream's.
-ATTR_ISOLATED = "dra.cpu/isolated"
-ATTR_NOHZ_FULL = "dra.cpu/nohzFull"
-ATTR_ISOLATED_CPUS = "dra.cpu/isolatedCPUs"
-ATTR_NOHZ_FULL_CPUS = "dra.cpu/nohzFullCPUs"
+ATTR_ISOLATED = f"{DRIVER_NAME}/isolated"
+ATTR_NOHZ_FULL = f"{DRIVER_NAME}/nohzFull"
+ATTR_ISOLATED_CPUS = f"{DRIVER_NAME}/isolatedCPUs"
+ATTR_NOHZ_FULL_CPUS = f"{DRIVER_NAME}/nohzFullCPUs"
+# What the device metadata adds to a device's attributes: its consumed capacity (§10.3).
+ATTR_ALLOCATED_NUM_CPUS = f"{DRIVER_NAME}/allocatedNumCPUs"
 
 # protocols.md §4.4: a slice holds at most 128 devices, 64 when one has a list attribute.
 MAX_DEVICES_PER_SLICE = 128

@@ -33,11 +33,11 @@ from dracpu.allocation.prepare import (
     ClaimPlan,
     DeviceNames,
     PrepareError,
-    cdi_device_id,
     plan_claim,
 )
 from dracpu.cdi import (
     CDIError,
+    cdi_device_id,
     check_claim_uid,
     on_memory_filesystem,
     remove_claim_spec,

@@ -2,9 +2,10 @@
 
 For each prepared request of a claim, a ``DeviceMetadata`` document goes to
 ``<plugin dir>/dra-device-metadata/<namespace>_<name>/<request>/metadata.json`` and a CDI
-spec ``<cdi dir>/dra.cpu_metadata_<uid>_<request>.json`` bind-mounts it read-only into the
-container under ``/var/run/kubernetes.io/dra-device-attributes/``. The kubelet is told
-about it by one more CDI id on the request's first device. Failures here are logged, never
+spec ``<cdi dir>/dra.cpu_metadata_<uid>_<request>.json`` (``dracpu.cdi.metadata``)
+bind-mounts it read-only into the container under
+``/var/run/kubernetes.io/dra-device-attributes/``. The kubelet is told about it by one more
+CDI id on the request's first device. Failures here are logged, never
 a claim error: the CPUs are what the container needs.
 
 Documents are built by pure functions; ``write_claim_metadata`` and
@@ -25,14 +26,19 @@ from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
 from dracpu.atomicfile import atomic_write
 from dracpu.cdi import CDIError, check_claim_uid
+from dracpu.cdi.metadata import (
+    cdi_metadata_id,
+    metadata_spec,
+    metadata_spec_name,
+    metadata_spec_prefix,
+)
+from dracpu.devices.model import ATTR_ALLOCATED_NUM_CPUS
 from dracpu.k8s.names import is_dns1123_label, is_dns1123_subdomain
 
 __all__ = [
     "METADATA_DIR",
     "DeviceAttributes",
-    "cdi_metadata_id",
     "metadata_document",
-    "metadata_spec",
     "remove_claim_metadata",
     "write_claim_metadata",
 ]
@@ -41,10 +47,6 @@ log = logging.getLogger(__name__)
 
 METADATA_DIR = "dra-device-metadata"
 METADATA_API_VERSION = "metadata.resource.k8s.io/v1beta1"
-METADATA_CDI_VERSION = "0.5.0"  # the device name starts with the claim UID, often a digit
-METADATA_CDI_KIND = f"{DRIVER_NAME}/metadata"
-CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
-ATTR_ALLOCATED_NUM_CPUS = "dra.cpu/allocatedNumCPUs"
 
 
 @runtime_checkable
@@ -58,10 +60,6 @@ class DeviceAttributes(Protocol):
 
 def _base(request: str) -> str:
     return request.split("/", 1)[0]
-
-
-def cdi_metadata_id(claim_uid: str, request: str) -> str:
-    return f"{METADATA_CDI_KIND}={claim_uid}_{request}"
 
 
 def _device_entry(device: PreparedDevice, inventory: DeviceAttributes | None) -> dict[str, Any]:
@@ -102,31 +100,6 @@ def metadata_document(
             "generation": 1,
         },
         "requests": [{"name": n, "devices": d} for n, d in by_request.items()],
-    }
-
-
-def metadata_spec(claim: ClaimAllocation, request: str, host_path: str) -> dict[str, Any]:
-    """The CDI spec that mounts one request's metadata file into the container."""
-    container_path = (
-        f"{CONTAINER_ROOT}/resourceclaims/{claim.name}/{request}/{DRIVER_NAME}-metadata.json"
-    )
-    return {
-        "cdiVersion": METADATA_CDI_VERSION,
-        "kind": METADATA_CDI_KIND,
-        "devices": [
-            {
-                "name": f"{claim.uid}_{request}",
-                "containerEdits": {
-                    "mounts": [
-                        {
-                            "hostPath": host_path,
-                            "containerPath": container_path,
-                            "options": ["ro", "bind"],
-                        }
-                    ]
-                },
-            }
-        ],
     }
 
 
@@ -180,8 +153,8 @@ def write_claim_metadata(
             continue
         host_path = os.path.join(claim_dir, request, "metadata.json")
         document = metadata_document(claim, request, devices, inventory)
-        spec = metadata_spec(claim, request, host_path)
-        spec_path = os.path.join(cdi_dir, f"{DRIVER_NAME}_metadata_{claim.uid}_{request}.json")
+        spec = metadata_spec(claim.uid, claim.name, request, host_path)
+        spec_path = os.path.join(cdi_dir, metadata_spec_name(claim.uid, request))
         try:
             atomic_write(host_path, json.dumps(document).encode() + b"\n", mode=0o644)
             atomic_write(spec_path, json.dumps(spec, indent=2).encode(), durable=spec_durable)
@@ -209,7 +182,7 @@ def remove_claim_metadata(
         return
     # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
     # per claim made the daemon's memory grow with every claim ever unprepared.
-    prefix = f"{DRIVER_NAME}_metadata_{uid}_"
+    prefix = metadata_spec_prefix(uid)
     try:
         names = os.listdir(cdi_dir)
     except OSError:

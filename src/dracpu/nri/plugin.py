@@ -39,8 +39,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dracpu.allocation.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
 from dracpu.allocation.store import ContainerRecord, OwnerError, SandboxRecord, StoreError
+from dracpu.cdi.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.nri.sync import SyncPass, cgroups_path_of

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
 from dracpu.allocation.store import AllocationStore, ClaimTracker, ContainerRecord, OwnerError
+from dracpu.cdi.env import DRAEnvError, parse_dra_env
 from dracpu.cpuset import CPUSet
 from dracpu.gofmt import go_quote
 from dracpu.proto.nri import api_pb2

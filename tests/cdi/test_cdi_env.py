@@ -1,11 +1,12 @@
-"""DRA env parsing (behavior.md §13.2) and the Go text forms shared by the messages."""
+"""The DRA env entries (behavior.md §13.2), the strict cpuset parse they use, and the Go
+text forms shared by the messages."""
 
 from __future__ import annotations
 
 import pytest
 
-from dracpu.allocation.env import DRAEnvError, parse_cpuset, parse_dra_env
-from dracpu.cpuset import CPUSet, CPUSetParseError
+from dracpu.cdi.env import DRAEnvError, cdi_env_entry, parse_dra_env
+from dracpu.cpuset import CPUSet, CPUSetParseError, parse_cpuset
 from dracpu.gofmt import go_quote
 
 
@@ -74,6 +75,14 @@ def test_parse_dra_env_errors(entry: str, message: str) -> None:
         parse_dra_env(["PATH=/bin", "DRA_CPUSET_OK=1", entry])
     assert str(info.value) == message
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("cpus", ["", "0", "2-3,10-11", "0-127"])
+def test_an_entry_reads_back_as_what_was_written(cpus: str) -> None:
+    uid = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
+    entry = cdi_env_entry(uid, CPUSet.parse(cpus))
+    assert entry == f"DRA_CPUSET_{uid}={cpus}"
+    assert parse_dra_env([entry]) == {uid: CPUSet.parse(cpus)}
 
 
 def test_parse_cpuset_refuses_the_sysfs_newline() -> None:
