@@ -33,11 +33,15 @@ __all__ = [
     "driver_processes",
     "find_driver_process",
     "materialize_sysfs",
+    "read_bundle_objects",
     "runs_daemon",
     "write_report",
 ]
 
 LAYOUT_VERSION = "v1"
+# Report keys of what the API server holds for this node (gather_api_objects).
+REPORT_SLICES = "resourceSlices"
+REPORT_CLASSES = "deviceClasses"
 # The files topology and PCIe discovery read, relative to the sysfs root.
 _SYSFS_PATTERNS = (
     "devices/system/cpu/online",
@@ -198,6 +202,25 @@ def materialize_sysfs(files: Mapping[str, str], dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
     return dest
+
+
+def read_bundle_objects(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A report's other drivers' ResourceSlices and the cluster's DeviceClasses, as
+    gathered (``resourceSlices``, ``deviceClasses``); empty lists when the report has none
+    (gathered without an API server, or by an older dracpu). ``path`` is read as
+    ``sysfs_root`` reads a report; a section that is not a list of mappings is an error."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
+        raise GatherinfoError(f"read gatherinfo report {path}: {err}") from err
+    report = docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else {}
+    out: list[list[dict[str, Any]]] = []
+    for key in (REPORT_SLICES, REPORT_CLASSES):
+        section = report.get(key) or []
+        if not isinstance(section, list) or not all(isinstance(o, dict) for o in section):
+            raise GatherinfoError(f"{path}: {key} must be a list of objects")
+        out.append(section)
+    return out[0], out[1]
 
 
 def cpu_details(topo: Topology) -> dict[str, Any]:

@@ -108,7 +108,8 @@ def test_parse_valid_stream_defaults_namespace_and_finds_deletions() -> None:
             "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: d}",
             "s: document 1 (StatefulSet d): unsupported apiVersion/kind apps/v1/StatefulSet; a "
             "scenario holds v1 Pods, resource.k8s.io/v1 ResourceClaims and "
-            "ResourceClaimTemplates, and apps/v1 Deployments",
+            "ResourceClaimTemplates, apps/v1 Deployments, and other drivers' "
+            "resource.k8s.io/v1 DeviceClasses and ResourceSlices",
         ),
         (
             "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}",

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dracpu.cli.common import (
     CLIError,
@@ -14,6 +17,9 @@ from dracpu.cli.common import (
     reserved_cpuset,
     sysfs_root,
 )
+
+if TYPE_CHECKING:
+    from dracpu_sim.demo.scenario import Scenario
 
 __all__ = ["cmd_demo"]
 
@@ -29,7 +35,11 @@ def _demo_parser() -> argparse.ArgumentParser:
         "dracpu demo --cgroup-version 1 --cgroup-driver cgroupfs",
     )
     p.add_argument("--sysfs-root", help="sysfs directory, or a gatherinfo report (default /sys)")
-    p.add_argument("--scenario", help="YAML stream of Pods and ResourceClaims (default: built in)")
+    p.add_argument(
+        "--scenario",
+        help="YAML stream of Pods and ResourceClaims, and other drivers' DeviceClasses and "
+        "ResourceSlices (default: built in)",
+    )
     p.add_argument(
         "--output",
         choices=("text", "json"),
@@ -56,6 +66,13 @@ def _demo_parser() -> argparse.ArgumentParser:
         default="",
         help="CPUs kept out of DRA, as the daemon's --reserved-cpus (e.g. 0-1); at least one "
         "CPU must stay unreserved",
+    )
+    p.add_argument(
+        "--expose-pcie-roots",
+        action="store_true",
+        help="the daemon's --expose-pcie-roots: CPU devices carry the PCIe roots local to their "
+        "CPUs (resource.kubernetes.io/pcieRoot), so a claim can match them with other drivers' "
+        "devices that the scenario (or a gatherinfo report given as --sysfs-root) holds",
     )
     p.add_argument("--keep-running", action="store_true", help="leave everything up until Ctrl-C")
     from dracpu_sim.runtime.cliflags import add_cgroup_flags
@@ -94,6 +111,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
                 group_by=args.group_by,
                 reserved=len(unpublished_cpus(topo, reserved, publish_isolated=False)),
             )
+        _add_bundle_objects(scenario, args.sysfs_root)
     except ScenarioError as err:
         raise CLIError(str(err)) from err
     options = DemoOptions(
@@ -107,6 +125,7 @@ def cmd_demo(argv: Sequence[str]) -> int:
         keep_running=args.keep_running,
         cgroup_version=args.cgroup_version,
         cgroup_driver=args.cgroup_driver,
+        expose_pcie_roots=args.expose_pcie_roots,
     )
     try:
         result = trio.run(run_demo, options, sys.stdout)
@@ -115,3 +134,17 @@ def cmd_demo(argv: Sequence[str]) -> int:
     for problem in result.problems:
         print(f"dracpu demo: {problem}", file=sys.stderr)
     return 1 if result.problems else 0
+
+
+def _add_bundle_objects(scenario: Scenario, sysfs_root: str | None) -> None:
+    """A gatherinfo report given as ``--sysfs-root`` also brings the node's other drivers'
+    ResourceSlices and the cluster's DeviceClasses, when it was gathered with them."""
+    if sysfs_root is None or os.path.isdir(sysfs_root):
+        return
+    from dracpu.gatherinfo import GatherinfoError, read_bundle_objects
+
+    try:
+        slices, classes = read_bundle_objects(Path(sysfs_root))
+    except GatherinfoError as err:
+        raise CLIError(str(err)) from err
+    scenario.add_node_slices(slices, classes, sysfs_root)

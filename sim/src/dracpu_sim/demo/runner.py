@@ -13,6 +13,7 @@ print them with the CPU map.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,7 +40,8 @@ from dracpu_sim.demo.offline import (
     pods_to_offline,
     writable_sysfs,
 )
-from dracpu_sim.demo.scenario import Scenario
+from dracpu_sim.demo.scenario import DRIVER, Scenario, node_slice
+from dracpu_sim.demo.stand_in import StandInDriver, stand_in_drivers
 from dracpu_sim.demo.uids import UIDNames
 from dracpu_sim.node import DaemonProcess, SimNode, SimNodeError
 from dracpu_sim.scheduler.templates import generated_claim_names, template_entries
@@ -67,6 +69,7 @@ class DemoOptions:
     workdir: str | None = None
     cgroup_version: int = 2
     cgroup_driver: str = "systemd"
+    expose_pcie_roots: bool = False
 
 
 @dataclass
@@ -199,9 +202,18 @@ async def _wait_gone(node: SimNode, ref: str, claim_uids: set[str]) -> bool:
     return False
 
 
+def _attribute_text(value: dict[str, Any]) -> str:
+    """An attribute's value as text: a list-type one (``strings``, ...) comma-separated."""
+    raw = next(iter(value.values()), "")
+    return ",".join(str(v) for v in raw) if isinstance(raw, list) else str(raw)
+
+
 def _devices_line(slices: list[dict[str, Any]]) -> list[str]:
-    lines = []
-    for s in slices:
+    """Our devices first, then other drivers' (named ``driver/device``)."""
+    rows: list[tuple[str, str]] = []
+    ordered = sorted(slices, key=lambda s: s["spec"].get("driver") != DRIVER)
+    for s in ordered:
+        driver = s["spec"].get("driver")
         for dev in s["spec"].get("devices") or []:
             attrs = dev.get("attributes") or {}
             cap = (dev.get("capacity") or {}).get("dra.cpu/cpu", {}).get("value")
@@ -213,11 +225,25 @@ def _devices_line(slices: list[dict[str, Any]]) -> list[str]:
                 ("resource.kubernetes.io/numaNode", "NUMA"),
                 ("dra.cpu/socketID", "socket"),
                 ("dra.cpu/coreID", "core"),
+                ("resource.kubernetes.io/pcieRoot", "PCIe root"),
             ):
                 if key in attrs:
-                    bits.append(f"{label} {next(iter(attrs[key].values()))}")
-            lines.append(f"  {dev['name']:<16} {', '.join(bits)}")
-    return lines
+                    bits.append(f"{label} {_attribute_text(attrs[key])}")
+            name = dev["name"] if driver == DRIVER else f"{driver}/{dev['name']}"
+            rows.append((name, ", ".join(bits)))
+    width = max((len(name) for name, _ in rows), default=0)
+    return [f"  {name:<{max(width, 16)}} {text}" for name, text in rows]
+
+
+def _claim_device_lines(claim: dict[str, Any]) -> list[str]:
+    """One line per device of a claim that holds devices of other drivers too."""
+    devices = claim.get("devices") or []
+    if all(d["driver"] == DRIVER for d in devices):
+        return []  # the CPUs say it all
+    return [
+        f"      {d['request']}: {d['driver']} pool {d['pool']} device {d['device']}\n"
+        for d in devices
+    ]
 
 
 def _claim_rows(
@@ -267,6 +293,16 @@ def _container_claims(scenario: Scenario, applied: _Applied) -> dict[str, list[s
     return out
 
 
+def claim_devices(claim: dict[str, Any]) -> list[dict[str, str]]:
+    """Every device allocated to a claim, ours and other drivers': request, driver, pool,
+    device, in the allocation's order (empty while the claim is not allocated)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [
+        {key: str(result.get(key, "")) for key in ("request", "driver", "pool", "device")}
+        for result in (allocation.get("devices") or {}).get("results") or []
+    ]
+
+
 def container_kind(cpus: CPUSet, claimed: CPUSet, shared_pool: CPUSet) -> str:
     """What a container's cpuset read back is: ``shared pool``; ``exclusive`` (exactly its
     claims' CPUs); ``exclusive + shared pool`` (its claims' CPUs and the shared pool: a
@@ -287,7 +323,9 @@ async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> Demo
     result.shared_pool = state.get("sharedPool", "")
     result.reserved = state.get("reserved", "")
     held = {c["uid"]: c["cpus"] for c in state.get("claims") or []}
-    live = {_claim_key(c): c["metadata"]["uid"] for c in node.api.list("resourceclaims")}
+    claims = node.api.list("resourceclaims")
+    live = {_claim_key(c): c["metadata"]["uid"] for c in claims}
+    devices = {_claim_key(c): claim_devices(c) for c in claims}
     names = applied.names.refresh(node)
     problems = {ref: names.name(problem) for ref, problem in applied.problems.items()}
     explained: set[str] = set()
@@ -298,7 +336,12 @@ async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> Demo
             if problem is not None:
                 error = _without_prefix(_without_prefix(problem, f"pod {ref}: "), f"claim {key}: ")
                 explained.add(ref)
-        result.claims[key] = {"cpus": held.get(live.get(key, ""), ""), "error": error, **extra}
+        result.claims[key] = {
+            "cpus": held.get(live.get(key, ""), ""),
+            "devices": devices.get(key, []),
+            "error": error,
+            **extra,
+        }
         if error:
             result.problems.append(f"claim {key}: {error}")
     for ref, problem in problems.items():
@@ -368,8 +411,12 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
                 f"  {key:<{width}} {claim['cpus']} ({len(cpus)} CPU{plural}, NUMA {numa})"
                 f"{origin}{failed}\n"
             )
+        elif claim.get("devices") and all(d["driver"] != DRIVER for d in claim["devices"]):
+            w(f"  {key:<{width}} no CPUs: only other drivers' devices{origin}\n")
         else:
             w(f"  {key:<{width}} (no CPUs held: unprepared){origin}\n")
+        for line in _claim_device_lines(claim):
+            w(line)
     w("\nContainers (cpuset read back from the cgroup tree):\n")
     for key, ctr_cpus in result.containers.items():
         kind = result.container_kinds.get(key, "unexpected")
@@ -410,6 +457,8 @@ def _daemon_args(opts: DemoOptions) -> list[str]:
     extra = [f"--cpu-device-mode={opts.mode}", f"--group-by={opts.group_by}"]
     if opts.reserved:
         extra.append(f"--reserved-cpus={opts.reserved}")
+    if opts.expose_pcie_roots:
+        extra.append("--expose-pcie-roots")
     return extra
 
 
@@ -448,9 +497,71 @@ async def _create(node: SimNode, scenario: Scenario, obj: dict[str, Any]) -> Non
         raise DemoError(f"{scenario.origin(obj)}: the API server refused it: {exc}") from None
 
 
-async def _apply(node: SimNode, scenario: Scenario, progress: _Progress) -> _Applied:
-    """Templates and claims first, then each pod, waited for before the next one: the
-    daemon then prepares claims in scenario order, so a run is repeatable."""
+async def _other_drivers(
+    node: SimNode, scenario: Scenario, progress: _Progress, stack: contextlib.ExitStack
+) -> None:
+    """Other drivers' device classes and slices, in the API server before any claim (so
+    the scheduler sees them), and a stand-in kubelet plugin per driver (stand_in.py),
+    registered before any pod needs it."""
+    if not scenario.slices and not scenario.device_classes:
+        return
+    for device_class in scenario.device_classes:
+        await _create_cluster_object(node, scenario, device_class)
+    for raw in scenario.slices:
+        await _create_cluster_object(node, scenario, node_slice(raw, node.node_name))
+    drivers = stand_in_drivers(scenario.slices, DRIVER)
+    token = trio.lowlevel.current_trio_token()
+    for driver in drivers:
+        plugin = StandInDriver(driver, node.kubelet_root, _claim_reader(node), token)
+        plugin.start()
+        stack.callback(plugin.stop)
+    kubelet = node.kubelet
+    assert kubelet is not None  # the node runs
+    with trio.move_on_after(SETTLE_TIMEOUT):
+        while not all(d in kubelet.plugins for d in drivers):
+            await trio.sleep(0.05)
+    missing = [d for d in drivers if d not in kubelet.plugins]
+    if missing:
+        raise DemoError(f"the kubelet did not register the stand-in plugin of {', '.join(missing)}")
+    devices = sum(len(s["spec"].get("devices") or []) for s in scenario.slices)
+    progress(
+        f"other drivers: {len(scenario.device_classes)} device class(es), "
+        f"{len(scenario.slices)} slice(s) with {devices} device(s)"
+        + (f"; stand-in kubelet plugins registered for {', '.join(drivers)}" if drivers else "")
+    )
+
+
+async def _create_cluster_object(node: SimNode, scenario: Scenario, obj: dict[str, Any]) -> None:
+    """Create a DeviceClass or ResourceSlice as kubectl would (``fieldValidation=Strict``);
+    a refusal names the document it came from."""
+    kube = node.kube
+    assert kube is not None  # the node runs
+    create = (
+        kube.resource.create_device_class
+        if obj["kind"] == "DeviceClass"
+        else kube.resource.create_resource_slice
+    )
+    try:
+        await kube.call_raw(create, obj, field_validation="Strict")
+    except K8sError as exc:
+        raise DemoError(f"{scenario.origin(obj)}: the API server refused it: {exc}") from None
+    node.poke()
+
+
+def _claim_reader(node: SimNode) -> Callable[[str, str], dict[str, Any]]:
+    def read(namespace: str, name: str) -> dict[str, Any]:
+        return node.api.get("resourceclaims", name, namespace)
+
+    return read
+
+
+async def _apply(
+    node: SimNode, scenario: Scenario, progress: _Progress, stack: contextlib.ExitStack
+) -> _Applied:
+    """Other drivers' classes and slices, templates and claims first, then each pod, waited
+    for before the next one: the daemon then prepares claims in scenario order, so a run is
+    repeatable."""
+    await _other_drivers(node, scenario, progress, stack)
     for template in scenario.templates:
         await _create(node, scenario, template)
     for claim in scenario.claims:
@@ -560,7 +671,24 @@ async def _steps(
     out: TextIO,
     progress: _Progress,
 ) -> DemoResult:
-    applied = await _apply(node, opts.scenario, progress)
+    with contextlib.ExitStack() as stack:
+        result = await _steps_with_drivers(
+            node, opts, daemon, sysfs_root, workdir, out, progress, stack
+        )
+    return result
+
+
+async def _steps_with_drivers(
+    node: SimNode,
+    opts: DemoOptions,
+    daemon: DaemonProcess,
+    sysfs_root: str,
+    workdir: str,
+    out: TextIO,
+    progress: _Progress,
+    stack: contextlib.ExitStack,
+) -> DemoResult:
+    applied = await _apply(node, opts.scenario, progress, stack)
     await _offline_marked(node, opts.scenario, applied, sysfs_root, progress)
     await _delete_marked(node, opts.scenario, applied, progress)
     result = await _collect(node, opts.scenario, applied)

@@ -1,9 +1,14 @@
 """Demo scenarios: ordinary Kubernetes YAML and the built-in one.
 
 A scenario file is a YAML stream of ``v1`` Pods, ``resource.k8s.io/v1`` ResourceClaims and
-ResourceClaimTemplates, and ``apps/v1`` Deployments, in any order (as ``kubectl apply``
-takes them: claims and templates are created first, then the pods in the order given); the
-files in docs/examples are scenarios. Every document is checked against its kind's schema,
+ResourceClaimTemplates, ``apps/v1`` Deployments, and other drivers' ``resource.k8s.io/v1``
+DeviceClasses and ResourceSlices (a GPU or NIC driver's devices, so that a claim can align
+CPUs with them), in any order (as ``kubectl apply`` takes them: device classes, slices,
+claims and templates are created first, then the pods in the order given); the files in
+docs/examples are scenarios. Other drivers' slices are for the simulated node: one that
+names no node (``nodeName``, ``allNodes``, ``nodeSelector`` or per-device selection) gets
+the node's name, and a gatherinfo bundle's slices, gathered on another node, are moved to
+it (``add_node_slices``). Every document is checked against its kind's schema,
 with the simulated API server's own strict decoding, so a misspelt field is an error that
 names the field. The simulated node has no Deployment or ReplicaSet controller,
 so the demo stands in for them: a Deployment becomes ``spec.replicas`` pods (default 1)
@@ -37,20 +42,40 @@ __all__ = [
     "ScenarioError",
     "default_scenario",
     "load_scenario",
+    "node_slice",
     "parse_scenario",
     "scenario_yaml",
 ]
 
 DELETE_AFTER_START = "demo.dracpu.io/delete-after-start"
 DEVICE_CLASS = "dra.cpu"
+DRIVER = "dra.cpu"
 _KINDS = {
     ("v1", "Pod"),
     ("resource.k8s.io/v1", "ResourceClaim"),
     ("resource.k8s.io/v1", "ResourceClaimTemplate"),
     ("apps/v1", "Deployment"),
+    ("resource.k8s.io/v1", "DeviceClass"),
+    ("resource.k8s.io/v1", "ResourceSlice"),
 }
+_CLUSTER_SCOPED = {"DeviceClass", "ResourceSlice"}
 _KINDS_TEXT = (
-    "v1 Pods, resource.k8s.io/v1 ResourceClaims and ResourceClaimTemplates, and apps/v1 Deployments"
+    "v1 Pods, resource.k8s.io/v1 ResourceClaims and ResourceClaimTemplates, apps/v1 "
+    "Deployments, and other drivers' resource.k8s.io/v1 DeviceClasses and ResourceSlices"
+)
+# Where a slice may say which nodes it is for; with none of them it is for this node.
+_NODE_FIELDS = ("nodeName", "allNodes", "nodeSelector", "perDeviceNodeSelection")
+# Metadata the API server sets; a bundle's slices carry them from their own cluster.
+_SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "ownerReferences",
+    "selfLink",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
 )
 
 
@@ -64,6 +89,9 @@ class Scenario:
     pods: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     templates: list[dict[str, Any]] = field(default_factory=list)
+    # Other drivers' DeviceClasses and ResourceSlices, created before any claim.
+    device_classes: list[dict[str, Any]] = field(default_factory=list)
+    slices: list[dict[str, Any]] = field(default_factory=list)
     # (kind, namespace, name) -> "<file>: document N (<Kind> <name>)": where an object
     # came from, for errors found once it is applied.
     origins: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -71,8 +99,64 @@ class Scenario:
     def origin(self, obj: dict[str, Any]) -> str:
         """Where ``obj`` (a scenario object) came from; its kind and name if unknown."""
         meta = obj.get("metadata") or {}
-        key = (str(obj.get("kind")), meta.get("namespace", "default"), meta.get("name", ""))
+        kind = str(obj.get("kind"))
+        if kind in _CLUSTER_SCOPED:
+            key = (kind, "", meta.get("name", ""))
+            return self.origins.get(key, f"{kind} {key[2]}")
+        key = (kind, meta.get("namespace", "default"), meta.get("name", ""))
         return self.origins.get(key, f"{key[0]} {key[1]}/{key[2]}")
+
+    def add_node_slices(
+        self,
+        slices: Sequence[dict[str, Any]],
+        classes: Sequence[dict[str, Any]],
+        source: str,
+    ) -> None:
+        """Add a gatherinfo bundle's other drivers' slices and device classes (``source``
+        names the bundle). Each slice is moved to the simulated node (its ``nodeName`` is
+        dropped, and the metadata its cluster's API server set with it); a class the
+        scenario defines itself, or the demo's own ``dra.cpu``, is the scenario's."""
+        own = {c["metadata"]["name"] for c in self.device_classes}
+        for index, raw in enumerate(classes):
+            where = f"{source}: deviceClasses[{index}]"
+            doc = _cluster_object(raw, "DeviceClass", where)
+            name = doc["metadata"]["name"]
+            if name in own or name == DEVICE_CLASS:
+                continue
+            own.add(name)
+            self._add_class(doc, where)
+        names = {s["metadata"]["name"] for s in self.slices}
+        for index, raw in enumerate(slices):
+            where = f"{source}: resourceSlices[{index}]"
+            doc = _cluster_object(raw, "ResourceSlice", where)
+            spec = doc["spec"]
+            if spec.get("nodeName"):
+                del spec["nodeName"]
+            if doc["metadata"]["name"] in names:
+                raise ScenarioError(
+                    f"{where}: ResourceSlice {doc['metadata']['name']} is also in the scenario"
+                )
+            names.add(doc["metadata"]["name"])
+            self._add_slice(doc, where)
+
+    def _add_class(self, doc: dict[str, Any], where: str) -> None:
+        if doc["metadata"]["name"] == DEVICE_CLASS:
+            raise ScenarioError(
+                f"{where}: DeviceClass {DEVICE_CLASS} is the demo's own (the simulated node "
+                "creates it for the daemon under test)"
+            )
+        self.device_classes.append(doc)
+        self.origins[("DeviceClass", "", doc["metadata"]["name"])] = where
+
+    def _add_slice(self, doc: dict[str, Any], where: str) -> None:
+        driver = doc["spec"].get("driver")
+        if driver == DRIVER:
+            raise ScenarioError(
+                f"{where}: ResourceSlices of {DRIVER} are the daemon's own: it publishes "
+                "them from the node's topology"
+            )
+        self.slices.append(doc)
+        self.origins[("ResourceSlice", "", doc["metadata"]["name"])] = where
 
     def pods_to_delete(self) -> list[tuple[str, str]]:
         out = []
@@ -180,6 +264,37 @@ def _unknown_field(doc: dict[str, Any], kind: tuple[Any, Any], where: str) -> No
         )
 
 
+def _cluster_object(raw: Any, kind: str, where: str) -> dict[str, Any]:
+    """A copy of a DeviceClass or ResourceSlice ready to create: cluster-scoped (a
+    namespace is dropped, as the API server drops it), without the metadata an API server
+    sets, and with a ``spec`` mapping (a slice's ``driver`` a string)."""
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    doc: dict[str, Any] = json.loads(json.dumps(raw))
+    doc.setdefault("apiVersion", "resource.k8s.io/v1")
+    doc.setdefault("kind", kind)
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise ScenarioError(f"{where}: metadata.name is required")
+    for key in ("namespace", *_SERVER_METADATA):
+        meta.pop(key, None)
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        raise ScenarioError(f"{where}: spec must be a mapping")
+    if kind == "ResourceSlice" and not isinstance(spec.get("driver"), str):
+        raise ScenarioError(f"{where}: spec.driver is required")
+    doc.pop("status", None)
+    return doc
+
+
+def node_slice(doc: dict[str, Any], node_name: str) -> dict[str, Any]:
+    """A scenario slice as it is created: one that names no node is for ``node_name``."""
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    if not any(out["spec"].get(key) for key in _NODE_FIELDS):
+        out["spec"]["nodeName"] = node_name
+    return out
+
+
 def _documents(text: str, source: str) -> list[Any]:
     try:
         check_nesting(text)
@@ -191,6 +306,17 @@ def _documents(text: str, source: str) -> list[Any]:
     if not docs:
         raise ScenarioError(f"{source}: no documents")
     return docs
+
+
+def _cluster_document(scenario: Scenario, raw: dict[str, Any], kind: str, where: str) -> None:
+    doc = _cluster_object(raw, kind, where)
+    name = doc["metadata"]["name"]
+    if (kind, "", name) in scenario.origins:
+        raise ScenarioError(f"{where}: {kind} {name} defined twice")
+    if kind == "DeviceClass":
+        scenario._add_class(doc, where)
+    else:
+        scenario._add_slice(doc, where)
 
 
 def parse_scenario(text: str, source: str = "scenario") -> Scenario:
@@ -217,6 +343,9 @@ def parse_scenario(text: str, source: str = "scenario") -> Scenario:
         if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
             raise ScenarioError(f"{where}: metadata.name is required")
         _unknown_field(doc, kind, where)
+        if kind[1] in _CLUSTER_SCOPED:
+            _cluster_document(scenario, doc, str(kind[1]), where)
+            continue
         key = (meta.setdefault("namespace", "default"), meta["name"])
         if kind[1] == "ResourceClaim":
             if key in claim_keys:
@@ -401,5 +530,11 @@ def default_scenario(topo: Topology, *, mode: str, group_by: str, reserved: int)
 
 def scenario_yaml(scenario: Scenario) -> str:
     """The scenario as a YAML stream (for `--print-scenario`-style output and tests)."""
-    docs = [*scenario.templates, *scenario.claims, *scenario.pods]
+    docs = [
+        *scenario.device_classes,
+        *scenario.slices,
+        *scenario.templates,
+        *scenario.claims,
+        *scenario.pods,
+    ]
     return yaml.safe_dump_all(json.loads(json.dumps(docs)), sort_keys=False)
