@@ -5,15 +5,21 @@ the NRI session hands to the cgroupfs writer, is one of these frozen msgspec Str
 
 - ``ClaimsChanged``: from ``NodeState`` (prepare, unprepare, Synchronize adoption) to the
   checkpoint writer (``dracpu.state.durable``);
+- ``ClaimPrepared`` / ``ClaimUnprepared`` (``ClaimEvent``): from ``NodeState`` once a
+  prepare or an unprepare committed, to each subscriber of ``NodeState.claim_events``;
+- ``TopologyChanged``: from the hotplug watcher (``dracpu.daemon.hotplug``) to the task
+  that applies it to the owner, the devices and the slices;
 - ``CheckpointWritten``: from the checkpoint writer back to the caller waiting in
   ``NodeState.make_durable`` (the reply channel a ``ClaimsChanged`` carries);
 - ``SharedPoolChanged``: from ``NodeState`` (a claim committed, released or adopted) to the
   pool pusher (``dracpu.nri.pusher``);
-- ``CpusetUpdateFailed``: from the NRI session, for each update the runtime did not apply,
-  to the cgroupfs fallback writer;
-- ``VerifyCpusets``: from the pool pusher (updates the runtime called a success) and the
-  NRI session (a claim holder just created) to the cgroupfs verifier, which reads each
-  cgroup back and writes what differs.
+- ``CpusetUpdateFailed``: returned by the NRI session for each update the runtime did not
+  apply; the pool pusher hands them to the cgroupfs writer inside the change's
+  ``VerifyCpusets``;
+- ``VerifyCpusets``: from the pool pusher (every update of a pool change, failed or not,
+  and every pod sandbox) and the NRI session (a claim holder just created) to the one
+  cgroupfs writer task, which reads each cgroup back and writes what differs and is still
+  wanted.
 
 ``ContainerIntent`` is the payload of the last one and what every cpuset decision is made
 of. Cpusets travel as Linux list strings so a message is plain data that can be logged,
@@ -22,18 +28,36 @@ encoded and compared without importing the allocator.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import msgspec
 
+if TYPE_CHECKING:
+    import trio
+
+    from dracpu.topology.model import Topology
+
 __all__ = [
     "CheckpointWritten",
+    "ClaimEvent",
+    "ClaimPrepared",
+    "ClaimUnprepared",
+    "ClaimsChangeReason",
     "ClaimsChanged",
     "ContainerIntent",
     "CpusetUpdateFailed",
     "SharedPoolChanged",
+    "TopologyChanged",
+    "VerifyCause",
     "VerifyCpusets",
 ]
+
+# Why the claims to keep changed: a prepare or an unprepare on its way to commit, or claims
+# adopted from running containers at Synchronize.
+ClaimsChangeReason: TypeAlias = Literal["prepare", "unprepare", "synchronize"]
+# Why cgroups are read back: a pushed pool change (with every pod sandbox), or what one
+# CreateContainer reply, RunPodSandbox or Synchronize just produced.
+VerifyCause: TypeAlias = Literal["pool", "create"]
 
 
 class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,14 +103,39 @@ class CheckpointWritten(msgspec.Struct, frozen=True, kw_only=True):
 class ClaimsChanged(msgspec.Struct, frozen=True, kw_only=True):
     """The set of claims to keep across a restart changed (``generation`` counts changes).
 
-    ``reason`` is ``prepare``, ``unprepare`` or ``synchronize``. ``reply``, when set, is a
-    ``trio.MemorySendChannel[CheckpointWritten]``: the sender waits for the write before it
-    makes the change visible (a prepare) or answers the kubelet (an unprepare).
+    ``reply``, when set, is where the writer answers: the sender waits for the write
+    before it makes the change visible (a prepare) or answers the kubelet (an unprepare).
+    It is the one field that is not plain data (the message never leaves the process).
     """
 
     generation: int
-    reason: str
-    reply: Any = None
+    reason: ClaimsChangeReason
+    reply: trio.MemorySendChannel[CheckpointWritten] | None = None
+
+
+class ClaimPrepared(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A prepare committed: the claim is prepared for everyone now (its spec and the
+    checkpoint holding it are on disk). ``devices`` are its device names, in order."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    cpus: str
+    devices: tuple[str, ...] = ()
+
+
+class ClaimUnprepared(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """An unprepare committed: the claim and its CPUs are released (the checkpoint without
+    it is on disk). The fields are the claim's as it was prepared."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    cpus: str
+    devices: tuple[str, ...] = ()
+
+
+ClaimEvent: TypeAlias = ClaimPrepared | ClaimUnprepared
 
 
 class SharedPoolChanged(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,9 +152,24 @@ class VerifyCpusets(msgspec.Struct, frozen=True, kw_only=True):
     ``cause`` is ``pool`` (a pushed pool update, with every pod sandbox) or ``create`` (a
     claim holder's adjustment, or a sandbox that just started or was synchronized; its
     cgroup may not exist yet when the message is sent). ``since`` is the Trio clock of
-    the pool change for ``pool`` (0 otherwise).
+    the pool change for ``pool`` (0 otherwise). ``failed`` are the updates of ``intents``
+    the runtime reported it could not apply (``pool`` only): the same pass writes them,
+    once, counted as ``runtime-reported``.
     """
 
     intents: tuple[ContainerIntent, ...]
-    cause: str
+    cause: VerifyCause
     since: float = 0.0
+    failed: tuple[CpusetUpdateFailed, ...] = ()
+
+
+class TopologyChanged(msgspec.Struct, frozen=True, kw_only=True):
+    """The online CPUs changed (CPU hotplug) and the topology was discovered again.
+
+    ``topology`` is the new one (the other field that is not plain data: the message never
+    leaves the process); ``went`` and ``came`` are the CPUs that went offline and came
+    online, as Linux lists."""
+
+    topology: Topology
+    went: str = ""
+    came: str = ""

@@ -52,17 +52,18 @@ async def test_queued_changes_share_one_write_and_every_waiter_hears(tmp_path: P
         state.finish_prepare(p)
         answered.append(uid)
 
-    async with trio.open_nursery() as nursery:
-        # Three prepares queue their changes before the writer runs: one write holds all.
-        state.writer_running = True
-        for uid, cpus in (("a", "0-1"), ("b", "2-3"), ("c", "4-7")):
-            nursery.start_soon(prepare, uid, cpus)
-        await trio.testing.wait_all_tasks_blocked()
-        assert answered == [] and len(state.store) == 0  # pending: nobody sees them yet
-        await nursery.start(checkpoint.run, changes)
-        while len(answered) < 3:
-            await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
+    # Three prepares queue their changes before the writer takes any (as if it were busy
+    # with an earlier write): one write holds all.
+    with state.checkpoint_writer():
+        async with trio.open_nursery() as nursery:
+            for uid, cpus in (("a", "0-1"), ("b", "2-3"), ("c", "4-7")):
+                nursery.start_soon(prepare, uid, cpus)
+            await trio.testing.wait_all_tasks_blocked()
+            assert answered == [] and len(state.store) == 0  # pending: nobody sees them yet
+            await nursery.start(checkpoint.run, changes)
+            while len(answered) < 3:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
     assert writes == [3]
     assert sorted(answered) == ["a", "b", "c"]
     assert {r.uid for r in state.store.records()} == {"a", "b", "c"}

@@ -4,14 +4,13 @@
 ``DRAService.prepare`` and ``unprepare`` are protocol-independent; ``grpc_handlers()``
 serves them on both DRA API versions (v1 and v1beta1) from the generated ``__mapping__()``.
 
-Prepare reads every claim first (outside the lock, as the Go helper does), then, one call
-at a time: plan (pure) -> reserve as pending with the state owner -> write the CDI spec ->
-wait for the checkpoint -> commit -> reply. Reserving before any file I/O, with the store
-re-checking overlap itself, is what keeps a CPU from ever being handed out twice (§8.7);
-committing only after both files are on disk is what keeps NRI from pinning a container
-to CPUs a failed prepare takes back. Every claim-level failure leaves the state as §8.6
-says: a new claim is dropped again, an already prepared one keeps its CPUs. An unprepare
-keeps the claim until the checkpoint without it is on disk.
+Prepare reads every claim first (outside the lock, as the Go helper does), then hands each
+to the state owner, which runs it as one transaction (``NodeState.prepare``: plan, reserve
+as pending, CDI spec, checkpoint, commit or undo; ``dracpu.state.claims``). This service
+injects what the transaction needs from it (``ClaimSteps``: one call per claim, one lock
+for planning and the spec, a shield for the commit, and the spec and metadata file I/O),
+then turns the outcome into the reply: devices, CDI ids, device metadata, logs and
+metrics. Unprepare likewise (``NodeState.unprepare``).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import msgspec
@@ -28,23 +28,11 @@ from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
 from dracpu import DRIVER_NAME
-from dracpu.allocation.prepare import (
-    ClaimAllocation,
-    ClaimPlan,
-    DeviceNames,
-    PrepareError,
-    plan_claim,
-)
-from dracpu.cdi import (
-    CDIError,
-    cdi_device_id,
-    check_claim_uid,
-    on_memory_filesystem,
-    remove_claim_spec,
-    write_claim_spec,
-)
+from dracpu.allocation.prepare import ClaimAllocation, ClaimPlan, DeviceNames
+from dracpu.cdi import cdi_device_id, on_memory_filesystem, remove_claim_spec, write_claim_spec
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE
+from dracpu.k8s.claim_status import ClaimStatusChange, ClaimUnprepared, claim_prepared
 from dracpu.k8s.claims import ClaimReadError
 from dracpu.k8s.names import shorten
 from dracpu.kubelet._aio import Serializer
@@ -56,7 +44,7 @@ from dracpu.proto.dra.v1 import api_grpc as v1_grpc
 from dracpu.proto.dra.v1 import api_pb2 as v1_pb
 from dracpu.proto.dra.v1beta1 import api_grpc as v1beta1_grpc
 from dracpu.proto.dra.v1beta1 import api_pb2 as v1beta1_pb
-from dracpu.state.owner import NodeState, StateFileError
+from dracpu.state.owner import NodeState
 from dracpu.topology.model import Topology
 
 __all__ = [
@@ -166,12 +154,15 @@ class DRAService:
         offload_io: bool | None = None,
         plugin_data_dir: str | None = None,
         serial: Serializer | None = None,
+        claim_status: Callable[[ClaimStatusChange], None] | None = None,
     ) -> None:
         self.claims = claims
+        # Told of every committed prepare and unprepare without waiting: the claim's
+        # status.devices is written beside the reply, never in its way (k8s/claim_status.py).
+        self.claim_status = claim_status
         self.state = state
-        self.inventory = inventory
-        self.topology = topology
-        self.online = online
+        # The owner plans with these (and takes later ones from CPU hotplug).
+        state.use_topology(topology, inventory, online)
         self.cdi_dir = cdi_dir
         self.metrics = metrics
         self.node_name = node_name
@@ -185,9 +176,9 @@ class DRAService:
         self._metadata_offload = offload_io
 
     def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
-        """Plan with a new topology from now on (CPU hotplug). Planning does not await,
-        so a call plans wholly with the old one or wholly with the new one."""
-        self.topology, self.inventory, self.online = topology, inventory, online
+        """Until the daemon's wiring sends hotplug changes to the owner: the owner plans
+        with these from now on (``NodeState.use_topology``)."""
+        self.state.use_topology(topology, inventory, online)
 
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
@@ -201,13 +192,23 @@ class DRAService:
             self._offload_io = not on_memory_filesystem(self.cdi_dir)
         return self._offload_io
 
-    async def _write_spec(self, claim_uid: str, cpus: CPUSet) -> None:
+    # -- ClaimSteps: what the owner's transactions need from this service ---------------
+    def claim_turn(self, claim_uid: str) -> AbstractAsyncContextManager[None]:
+        return self._serial.claim_turn(claim_uid)
+
+    def lock(self) -> AbstractAsyncContextManager[Any]:
+        return self._serial.lock()
+
+    def commit_scope(self) -> trio.CancelScope:
+        return self._serial.commit_scope()
+
+    async def write_spec(self, claim_uid: str, cpus: CPUSet) -> None:
         # On tmpfs (/var/run/cdi on real nodes) an fsync keeps nothing that a crash of
         # dracpu could lose, and the rename is atomic either way: skip them there.
         write = functools.partial(write_claim_spec, durable=self._on_disk())
         await self._file_io(write, self.cdi_dir, claim_uid, cpus)
 
-    async def _remove_spec(self, claim_uid: str) -> None:
+    async def remove_spec(self, claim_uid: str) -> None:
         remove = functools.partial(remove_claim_spec, durable=self._on_disk())
         await self._file_io(remove, self.cdi_dir, claim_uid)
 
@@ -225,15 +226,15 @@ class DRAService:
     async def _metadata_io(self, fn: Callable[..., T], *args: object) -> T:
         return await self._serial.run_blocking(fn, *args, inline=self._metadata_inline())
 
-    async def _remove_metadata(self, ref: ClaimRef) -> None:
+    async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
         if self.plugin_data_dir is not None:
             await self._metadata_io(
                 remove_claim_metadata,
                 self.plugin_data_dir,
                 self.cdi_dir,
-                ref.namespace,
-                ref.name,
-                ref.uid,
+                namespace,
+                name,
+                claim_uid,
             )
 
     # -- prepare ------------------------------------------------------------------------
@@ -259,23 +260,18 @@ class DRAService:
             return results
 
     async def _prepare_claim(self, claim: ClaimAllocation) -> ClaimPrepareResult:
-        """One claim: plan, reserve as pending and write its spec (one call at a time), wait
-        for the checkpoint (calls waiting together share one write), commit."""
+        """One claim, as the owner's transaction; then the reply, logs and metadata."""
         where = f"{claim.namespace}/{claim.name}"
-        # Shielded from the first change of state (begin_prepare) to the commit or undo;
-        # a call cancelled while it waits for the lock changes nothing.
-        async with self._serial.claim_turn(claim.uid):
-            with self._serial.commit_scope() as commit:
-                async with self._serial.lock():
-                    staged = await self._stage(claim, where, commit)
-                if isinstance(staged, ClaimPrepareResult):
-                    return staged
-                plan, new = staged
-                error = await self._persist_and_commit(claim, plan, new)
-        if error:
-            log.info("prepare of claim %s failed: %s", where, error)
-            return ClaimPrepareResult(error=error)
-        if new:
+        outcome = await self.state.prepare(claim, self)
+        if outcome.error:
+            # A refused reservation is the store's own overlap check: not logged, as before.
+            if outcome.failed_at != "reserve":
+                log.info("prepare of claim %s failed: %s", where, outcome.error)
+            return ClaimPrepareResult(error=outcome.error)
+        plan = outcome.plan
+        if plan is None or plan.is_empty:
+            return ClaimPrepareResult()
+        if outcome.new:
             log.info(
                 "reserved allocation for resource claim claim=%s uid=%s cpus=%s",
                 where,
@@ -284,49 +280,19 @@ class DRAService:
             )
             self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
         devices = _reply_devices(claim, plan)
+        if self.claim_status is not None:
+            self.claim_status(claim_prepared(claim, plan.record, devices))
         if self.plugin_data_dir is not None:
             devices = await self._with_metadata(claim, plan, devices)
         return ClaimPrepareResult(devices=devices)
-
-    async def _stage(
-        self, claim: ClaimAllocation, where: str, commit: trio.CancelScope
-    ) -> ClaimPrepareResult | tuple[ClaimPlan, bool]:
-        """Under the lock: plan, keep the CPUs as pending, write the spec. A result when
-        the claim is done (nothing to do, or an error), else the plan and whether it is
-        new."""
-        try:
-            check_claim_uid(claim.uid)
-            plan = plan_claim(
-                claim,
-                inventory=self.inventory,
-                topology=self.topology,
-                store=self.state.store,
-                online=self.online,
-            )
-        except (PrepareError, CDIError) as exc:
-            log.info("prepare of claim %s failed: %s", where, exc)
-            return ClaimPrepareResult(error=str(exc))
-        if plan.is_empty:
-            return ClaimPrepareResult()
-        commit.shield = True
-        try:
-            new = self.state.begin_prepare(plan)
-        except PrepareError as exc:
-            return ClaimPrepareResult(error=str(exc))
-        try:
-            await self._write_spec(claim.uid, plan.cpus)
-        except CDIError as exc:
-            self.state.abort_prepare(plan)
-            log.info("prepare of claim %s failed: %s", where, exc)
-            return ClaimPrepareResult(error=str(exc))
-        return plan, new
 
     async def _with_metadata(
         self, claim: ClaimAllocation, plan: ClaimPlan, devices: tuple[PreparedDeviceReply, ...]
     ) -> tuple[PreparedDeviceReply, ...]:
         """Write the device metadata (§10.3); its CDI id goes on each request's first device."""
         assert self.plugin_data_dir is not None
-        inventory = self.inventory if isinstance(self.inventory, DeviceAttributes) else None
+        planned_with = self.state.inventory
+        inventory = planned_with if isinstance(planned_with, DeviceAttributes) else None
         # The metadata's CDI spec is like the claim's: no fsyncs on tmpfs.
         write = functools.partial(write_claim_metadata, spec_durable=self._on_disk())
         ids = await self._metadata_io(
@@ -342,24 +308,6 @@ class DRAService:
                     break
         return tuple(out)
 
-    async def _persist_and_commit(self, claim: ClaimAllocation, plan: ClaimPlan, new: bool) -> str:
-        """Wait for the checkpoint, then commit; on failure undo it per §8.6 and return the
-        error. A new claim stays pending (invisible) until both files are on disk, so
-        nothing can have used its CPUs when it is dropped."""
-        if not new:
-            return ""
-        try:
-            await self.state.make_durable("prepare")
-        except StateFileError as exc:
-            self.state.abort_prepare(plan)
-            try:
-                await self._remove_spec(claim.uid)
-            except CDIError as rm_exc:
-                log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
-            return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
-        self.state.finish_prepare(plan)
-        return ""
-
     # -- unprepare ----------------------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimUnprepareResult]:
         """Unprepare every claim (§11); unknown claims succeed."""
@@ -372,51 +320,23 @@ class DRAService:
             return results
 
     async def _unprepare_claim(self, ref: ClaimRef) -> str:
-        """Under the lock: remove the spec and leave the claim out of the next checkpoint;
-        then wait for that checkpoint (shared with other calls waiting) and release."""
-        async with self._serial.claim_turn(ref.uid):
-            with self._serial.commit_scope() as commit:
-                error = await self._unprepare_locked(ref, commit)
-        return error
-
-    async def _unprepare_locked(self, ref: ClaimRef, commit: trio.CancelScope) -> str:
-        # Shielded from the spec's removal on; a call cancelled while it waits for the
-        # lock changes nothing.
-        async with self._serial.lock():
-            commit.shield = True
-            record = self.state.store.get(ref.uid)
-            try:
-                check_claim_uid(ref.uid)
-            except CDIError as exc:
-                # No spec can exist under such a name; a claim we never had is simply done.
-                return "" if record is None else str(exc)
-            try:
-                await self._remove_spec(ref.uid)
-            except CDIError as exc:
-                where = f"{shorten(ref.namespace)}/{shorten(ref.name)}"
-                log.info("unprepare of claim %s failed: %s", where, exc)
-                return str(exc)
-            if record is None:
-                await self._remove_metadata(ref)
-                return ""
-            self.state.begin_unprepare(ref.uid)
-        try:
-            await self.state.make_durable("unprepare")
-        except StateFileError as exc:
-            # Keep memory, disk and checkpoint in agreement: the claim stays prepared
-            # and the kubelet retries the unprepare.
-            self.state.abort_unprepare(ref.uid)
-            try:
-                await self._write_spec(ref.uid, record.cpus)
-            except CDIError as write_exc:
-                log.warning("cannot restore the CDI spec of claim %s: %s", ref.uid, write_exc)
-            return f"failed to record claim {ref.namespace}/{ref.name}: {exc}"
-        self.state.finish_unprepare(ref.uid)
-        await self._remove_metadata(ref)
-        log.info(
-            "unprepared claim %s/%s uid=%s cpus=%s", ref.namespace, ref.name, ref.uid, record.cpus
-        )
-        return ""
+        """One claim, as the owner's transaction; then the log."""
+        outcome = await self.state.unprepare(ref.namespace, ref.name, ref.uid, self)
+        if outcome.failed_at == "spec":
+            where = f"{shorten(ref.namespace)}/{shorten(ref.name)}"
+            log.info("unprepare of claim %s failed: %s", where, outcome.error)
+        record = outcome.released
+        if record is not None and self.claim_status is not None:
+            self.claim_status(ClaimUnprepared(uid=ref.uid, namespace=ref.namespace, name=ref.name))
+        if record is not None:
+            log.info(
+                "unprepared claim %s/%s uid=%s cpus=%s",
+                ref.namespace,
+                ref.name,
+                ref.uid,
+                record.cpus,
+            )
+        return outcome.error
 
     # -- gRPC -----------------------------------------------------------------------------
     def handlers_v1(self) -> dict[str, Handler]:

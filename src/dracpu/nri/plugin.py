@@ -37,15 +37,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
-from dracpu.allocation.store import ContainerRecord, OwnerError, SandboxRecord, StoreError
+from dracpu.allocation.store import ContainerRecord, SandboxRecord
 from dracpu.cdi.env import DRA_ENV_KEY_PREFIX, DRAEnvError, parse_dra_env
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.nri.sync import SyncPass, cgroups_path_of
 from dracpu.proto.nri import api_pb2
 from dracpu.state.owner import NodeState
+from dracpu.state.steps import AdmissionError, CreateDecision
+from dracpu.state.view import EMPTY_SHARED_POOL, sandbox_intent
 
 __all__ = [
     "EMPTY_SHARED_POOL",
@@ -56,24 +57,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EMPTY_SHARED_POOL = (
-    "shared pool is empty: claims hold every allocatable CPU and the CPUs kept shared "
-    "(reservedCPUs, or the core dracpu keeps) are offline"
-)
-
 
 class NRIPluginError(Exception):
     """A runtime event the plugin refuses; ``str(exc)`` is the error the runtime reports."""
-
-
-@dataclass(frozen=True, slots=True)
-class CreateDecision:
-    """The reply to CreateContainer: the new container's cpuset and other containers' updates."""
-
-    cpus: CPUSet
-    mems: str = ""
-    updates: list[ContainerIntent] = field(default_factory=list)
-    claim_uids: tuple[str, ...] = ()
 
 
 class NRIPlugin:
@@ -81,53 +67,29 @@ class NRIPlugin:
 
     def __init__(self, state: NodeState) -> None:
         self._state = state
+        self._view = state.view
 
-    # -- queries ----------------------------------------------------------------------------
+    # -- queries (the owner's view) ---------------------------------------------------------
     @property
     def shared_pool(self) -> CPUSet:
-        return self._state.shared_pool
+        return self._view.shared_pool
 
     def knows(self, container_id: str) -> bool:
         """Whether the container is one this plugin still tracks (not stopped or removed)."""
-        return container_id in self._state.containers
+        return self._view.knows_container(container_id)
 
     def needs_cdi_specs(self, containers: Sequence[api_pb2.Container]) -> bool:
         """Whether a container carries a claim the store lacks: then Synchronize checks it
         against the CDI specs on disk, which the caller reads (off the Trio thread) first."""
-        store = self._state.store
+        view = self._view
         for container in containers:
             for entry in container.env:
                 if not entry.startswith(DRA_ENV_KEY_PREFIX):
                     continue
                 uid = entry.partition("=")[0][len(DRA_ENV_KEY_PREFIX) :]
-                if uid not in store:
+                if not view.has_claim(uid):
                     return True
         return False
-
-    def _shared_records(self) -> list[ContainerRecord]:
-        containers = self._state.containers
-        by_id = {r.container_id: r for r in containers if r.is_shared}
-        return [by_id[cid] for cid in containers.shared_container_ids() if cid in by_id]
-
-    def _shared_updates(self, exclude: str = "") -> list[ContainerIntent]:
-        """Updates for every container that follows the shared pool: the shared ones, and
-        claim holders whose claims asked for ``sharedPoolAccess`` (their claims' CPUs plus
-        the pool)."""
-        state = self._state
-        pool = state.shared_pool
-        records = [r for r in self._shared_records() if r.container_id != exclude]
-        out: list[ContainerIntent] = []
-        if records and not pool:
-            log.error("cannot confine %d shared containers: %s", len(records), EMPTY_SHARED_POOL)
-        elif records:
-            cpus = pool.format()
-            out = [_update(r, cpus) for r in records]
-        for record in state.containers:
-            claims = record.claim_uids
-            if claims and record.container_id != exclude and state.follows_pool(claims):
-                whole = state.holder_cpus(claims)
-                out.append(_update(record, whole.format(), state.mems(whole)))
-        return out
 
     def shared_pool_updates(self) -> list[ContainerIntent]:
         """Updates moving every shared container to the current shared pool.
@@ -135,70 +97,19 @@ class NRIPlugin:
         Send them (UpdateContainers, from a task of its own) after an unprepare grew the
         pool; empty when there is no shared container or the pool is empty (logged).
         """
-        return self._shared_updates()
+        return self._view.shared_updates()
 
     def sandbox_intents(self) -> list[ContainerIntent]:
-        """Every pod sandbox on the shared pool (none while the pool is empty). Only
-        dracpu writes these: NRI has no update for a sandbox."""
-        pool = self._state.shared_pool
-        sandboxes = self._state.sandboxes
-        if not pool:
-            if sandboxes:
-                log.error("cannot confine %d pod sandboxes: %s", len(sandboxes), EMPTY_SHARED_POOL)
-            return []
-        cpus = pool.format()
-        return [_sandbox_intent(s, cpus) for s in sandboxes.values()]
+        """Every pod sandbox on the shared pool (``NodeView.sandbox_intents``)."""
+        return self._view.sandbox_intents()
 
     def intents(self) -> list[ContainerIntent]:
-        """What every known container and pod sandbox should run on, with its cgroups path.
-
-        A shared container and a sandbox follow the shared pool (none is listed while the
-        pool is empty); a claim holder runs on its claims' CPUs (a holder whose claims are
-        all gone from the store follows the shared pool).
-        """
-        pool = self._state.shared_pool
-        out: list[ContainerIntent] = self.sandbox_intents()
-        for record in self._state.containers:
-            intent = self._intent(record, pool)
-            if intent is not None:
-                out.append(intent)
-        return out
+        """What every known container and pod sandbox should run on (``NodeView.intents``)."""
+        return self._view.intents()
 
     def intents_of(self, ids: Iterable[str]) -> dict[str, ContainerIntent]:
-        """:meth:`intents` for these container or sandbox ids only (unknown ids and those
-        with nothing to run on are left out): what a writer asks right before it writes,
-        without building every container's intent each time."""
-        state = self._state
-        pool = state.shared_pool
-        out: dict[str, ContainerIntent] = {}
-        for cid in ids:
-            record = state.containers.by_id(cid)
-            if record is not None:
-                intent = self._intent(record, pool)
-            elif cid in state.sandboxes and pool:
-                intent = _sandbox_intent(state.sandboxes[cid], pool.format())
-            else:
-                intent = None
-            if intent is not None:
-                out[cid] = intent
-        return out
-
-    def _intent(self, record: ContainerRecord, pool: CPUSet) -> ContainerIntent | None:
-        state = self._state
-        cpus = state.holder_cpus(record.claim_uids) if record.claim_uids else CPUSet()
-        mems = state.mems(cpus)
-        if not cpus:
-            cpus = pool
-        if not cpus:
-            return None
-        return ContainerIntent(
-            container_id=record.container_id,
-            cgroups_path=record.cgroups_path,
-            cpus=cpus.format(),
-            mems=mems,
-            pod_uid=record.pod_uid,
-            name=record.name,
-        )
+        """``NodeView.intents_of``: these container or sandbox ids only."""
+        return self._view.intents_of(ids)
 
     # -- events -----------------------------------------------------------------------------
     def create_container(
@@ -215,50 +126,16 @@ class NRIPlugin:
         except DRAEnvError as exc:
             raise NRIPluginError(str(exc)) from None
         # Each protobuf field read builds a new object: read each once.
-        pod_uid, name = pod.uid, container.name
-        cgroups_path = cgroups_path_of(container)
-        if not claims:
-            pool = self._state.shared_pool
-            if not pool:
-                raise NRIPluginError(EMPTY_SHARED_POOL)
-            self._state.put_container(
-                ContainerRecord(
-                    pod_uid=pod_uid,
-                    name=name,
-                    container_id=container.id,
-                    cgroups_path=cgroups_path,
-                )
-            )
-            return CreateDecision(cpus=pool)
-
-        claim_uids = tuple(claims)
-        try:
-            newly_bound = self._state.bind(pod_uid, name, claim_uids)
-        except OwnerError as exc:
-            raise NRIPluginError(str(exc)) from None
-        try:
-            self._state.store.validate(claims)
-        except StoreError as exc:
-            self._state.unbind(newly_bound)
-            raise NRIPluginError(str(exc)) from None
-        # The env's CPUs equal the claims' (validated); sharedPoolAccess adds the pool.
-        guaranteed = self._state.holder_cpus(claim_uids)
-        self._state.put_container(
-            ContainerRecord(
-                pod_uid=pod_uid,
-                name=name,
-                container_id=container.id,
-                claim_uids=claim_uids,
-                cgroups_path=cgroups_path,
-            )
+        record = ContainerRecord(
+            pod_uid=pod.uid,
+            name=container.name,
+            container_id=container.id,
+            cgroups_path=cgroups_path_of(container),
         )
-        updates = self._shared_updates(exclude=container.id) if newly_bound else []
-        return CreateDecision(
-            cpus=guaranteed,
-            mems=self._state.mems(guaranteed),
-            updates=updates,
-            claim_uids=claim_uids,
-        )
+        try:
+            return self._state.admit(record, claims)
+        except AdmissionError as exc:
+            raise NRIPluginError(str(exc)) from None
 
     def stop_container(
         self, pod: api_pb2.PodSandbox, container: api_pb2.Container
@@ -307,11 +184,11 @@ class NRIPlugin:
             )
             return None
         self._state.put_sandbox(record)
-        pool = self._state.shared_pool
+        pool = self._view.shared_pool
         if not pool:
             log.error("cannot confine pod sandbox %s: %s", pod.id, EMPTY_SHARED_POOL)
             return None
-        return _sandbox_intent(record, pool.format())
+        return sandbox_intent(record, pool.format())
 
     def forget_pod_sandbox(self, pod: api_pb2.PodSandbox) -> None:
         """StopPodSandbox or RemovePodSandbox: the sandbox no longer needs its cpuset."""
@@ -328,7 +205,7 @@ class NRIPlugin:
         (claim holders first, then every shared container). ``cdi_claims`` are the claims
         of the driver's CDI specs on disk (needed when ``needs_cdi_specs``)."""
         pods_by_id = {pod.id: pod for pod in pods}
-        sync = SyncPass(self._state.store, cdi_claims or {})
+        sync = SyncPass(self._view, cdi_claims or {})
         for container in containers:
             pod = pods_by_id.get(container.pod_sandbox_id)
             if pod is not None:
@@ -342,14 +219,15 @@ class NRIPlugin:
                 len(pods),
             )
         self._state.synchronized(sync.adopted, sync.owners, sync.records, sandboxes)
+        view = self._view
         holders = []
         for record, _ in sync.holders:
-            cpus = self._state.holder_cpus(record.claim_uids)
+            cpus = view.holder_cpus(record.claim_uids)
             holders.append(
                 ContainerIntent(
                     container_id=record.container_id,
                     cpus=cpus.format(),
-                    mems=self._state.mems(cpus),
+                    mems=view.mems(cpus),
                     cgroups_path=record.cgroups_path,
                     pod_uid=record.pod_uid,
                     name=record.name,
@@ -357,7 +235,7 @@ class NRIPlugin:
             )
         # Holders that follow the pool are in the holders' list already.
         holder_ids = {record.container_id for record, _ in sync.holders}
-        return holders + [u for u in self._shared_updates() if u.container_id not in holder_ids]
+        return holders + [u for u in view.shared_updates() if u.container_id not in holder_ids]
 
 
 def _sandbox_record(pod: api_pb2.PodSandbox) -> SandboxRecord | None:
@@ -368,26 +246,3 @@ def _sandbox_record(pod: api_pb2.PodSandbox) -> SandboxRecord | None:
     if not path:
         return None
     return SandboxRecord(pod_uid=pod.uid, sandbox_id=pod.id, cgroups_path=path)
-
-
-def _sandbox_intent(record: SandboxRecord, cpus: str) -> ContainerIntent:
-    return ContainerIntent(
-        container_id=record.sandbox_id,
-        cgroups_path=record.cgroups_path,
-        cpus=cpus,
-        pod_uid=record.pod_uid,
-        sandbox=True,
-    )
-
-
-def _update(record: ContainerRecord, cpus: str, mems: str = "") -> ContainerIntent:
-    """A best-effort update of another container (it may be exiting, protocols.md 6.6)."""
-    return ContainerIntent(
-        container_id=record.container_id,
-        cpus=cpus,
-        mems=mems,
-        cgroups_path=record.cgroups_path,
-        pod_uid=record.pod_uid,
-        name=record.name,
-        ignore_failure=True,
-    )

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Protocol
 
-from dracpu.allocation.store import AllocationStore, ClaimTracker, ContainerRecord, OwnerError
+from dracpu.allocation.store import ClaimTracker, ContainerRecord, OwnerError
 from dracpu.cdi.env import DRAEnvError, parse_dra_env
 from dracpu.cpuset import CPUSet
 from dracpu.gofmt import go_quote
 from dracpu.proto.nri import api_pb2
 
-__all__ = ["SyncPass", "cgroups_path_of"]
+__all__ = ["PreparedClaims", "SyncPass", "cgroups_path_of"]
 
 log = logging.getLogger("dracpu.nri.plugin")
 
@@ -34,10 +35,19 @@ def _union(sets: Mapping[str, CPUSet]) -> CPUSet:
     return out
 
 
+class PreparedClaims(Protocol):
+    """What a pass reads of the prepared claims (``state.NodeView`` is one)."""
+
+    def cpus_of(self, claim_uid: str) -> CPUSet | None: ...
+
+    @property
+    def free(self) -> CPUSet: ...
+
+
 class SyncPass:
     """The runtime's containers -> claim owners, container records, adopted claims."""
 
-    def __init__(self, store: AllocationStore, cdi_claims: Mapping[str, CPUSet]) -> None:
+    def __init__(self, store: PreparedClaims, cdi_claims: Mapping[str, CPUSet]) -> None:
         self._store = store
         self._cdi_claims = cdi_claims
         self.owners = ClaimTracker()

@@ -1,7 +1,31 @@
-"""The node's allocation state: its one owner (``owner.NodeState``) and what makes it
-durable (``durable.CheckpointFile``: the checkpoint writer task and start-up restore)."""
+"""The node's allocation state: its one owner (``owner.NodeState``), the read-only view
+everyone else gets (``view.NodeView``), the kubelet's transactions (``claims``) and what
+makes the state durable (``durable.CheckpointFile``: the checkpoint writer task and
+start-up restore)."""
 
 from dracpu.state.durable import CHECKPOINT_FILE, CheckpointFile, read_boot_id
-from dracpu.state.owner import NodeState, StateFileError
+from dracpu.state.owner import NodeState
+from dracpu.state.steps import (
+    AdmissionError,
+    ClaimSteps,
+    CreateDecision,
+    PrepareOutcome,
+    StateFileError,
+    UnprepareOutcome,
+)
+from dracpu.state.view import EMPTY_SHARED_POOL, NodeView
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointFile", "NodeState", "StateFileError", "read_boot_id"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "EMPTY_SHARED_POOL",
+    "AdmissionError",
+    "CheckpointFile",
+    "ClaimSteps",
+    "CreateDecision",
+    "NodeState",
+    "NodeView",
+    "PrepareOutcome",
+    "StateFileError",
+    "UnprepareOutcome",
+    "read_boot_id",
+]

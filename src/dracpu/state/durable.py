@@ -29,7 +29,8 @@ from dracpu.atomicfile import atomic_write
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.recovery import RecoveryPlan, plan_recovery
 from dracpu.messages import CheckpointWritten, ClaimsChanged
-from dracpu.state.owner import NodeState, StateFileError
+from dracpu.state.owner import NodeState
+from dracpu.state.steps import StateFileError
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointFile", "read_boot_id", "recorded_claim_cpus"]
 
@@ -103,31 +104,37 @@ class CheckpointFile:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Write a checkpoint for each batch of ``ClaimsChanged``; answer who asked."""
-        self.state.writer_running = True
+        """Write a checkpoint for each batch of ``ClaimsChanged``; answer who asked.
+
+        Runs inside ``NodeState.checkpoint_writer()``, the one place that says whether a
+        writer runs: prepares and unprepares fail at once outside it."""
         batch: list[ClaimsChanged] = []
-        task_status.started()
-        try:
-            while True:
-                batch = [await changes.receive()]
+        with self.state.checkpoint_writer():
+            task_status.started()
+            try:
+                while True:
+                    try:
+                        batch = [await changes.receive()]
+                    except trio.EndOfChannel:
+                        return  # the owner stopped publishing
+                    while True:
+                        try:
+                            batch.append(changes.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    error = await self._write_batch()
+                    _answer(batch, error)
+                    batch = []
+            finally:
+                # Nobody may wait for a write that will not happen: answer the batch in
+                # hand and everything queued, in one step with no await; leaving the
+                # writer's context then refuses new waiters.
                 while True:
                     try:
                         batch.append(changes.receive_nowait())
-                    except trio.WouldBlock:
+                    except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                error = await self._write_batch()
-                _answer(batch, error)
-                batch = []
-        finally:
-            # Nobody may wait for a write that will not happen: answer the batch in hand
-            # and everything queued, in one step with no await, then refuse new waiters.
-            self.state.writer_running = False
-            while True:
-                try:
-                    batch.append(changes.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            _answer(batch, "the checkpoint writer stopped")
+                _answer(batch, "the checkpoint writer stopped")
 
     async def _write_batch(self) -> str:
         snapshot = self.checkpoint()

@@ -1,11 +1,21 @@
 """``NodeState``: the one owner of claims, claim owners, containers and the shared pool.
 
-Nothing else changes them. The kubelet service and the NRI plugin call the methods below;
-none of them awaits, so each change happens inside one critical section of the Trio thread
-and nobody sees half of it. What changed goes out as messages (``dracpu.messages``):
+Nothing else changes them, and nothing outside ``dracpu.state`` reads them except through
+``NodeState.view`` (``state.view.NodeView``). The owner runs whole transactions:
+
+- ``prepare`` and ``unprepare`` (the kubelet's calls), with the spec file I/O and the
+  call ordering injected as ``ClaimSteps`` by the kubelet service;
+- ``admit`` (the runtime's CreateContainer: bind the claims, validate the env's CPUs,
+  record the container, all or nothing);
+- ``apply_topology`` (a CPU hotplug change: what prepare plans with, and the offline CPUs).
+
+Every step of the Trio thread between two awaits is one critical section, so nobody sees
+half a change. What changed goes out as messages (``dracpu.messages``):
 
 - ``ClaimsChanged`` to the checkpoint writer, on every change of the claims to keep;
-- ``SharedPoolChanged`` to the pool pusher, when a claim enters or leaves the prepared set.
+- ``SharedPoolChanged`` to the pool pusher, when a claim enters or leaves the prepared set;
+- ``ClaimPrepared`` / ``ClaimUnprepared`` to whoever subscribed (``claim_events``), once a
+  prepare or an unprepare committed.
 
 A prepare makes its claim *pending* (CPUs kept from everyone else, invisible to NRI), waits
 in ``make_durable`` for the CDI spec and the checkpoint to be on disk, and only then commits
@@ -16,13 +26,20 @@ leaves everything as it was.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import trio
 
-from dracpu.allocation.prepare import ClaimPlan, PrepareError
+from dracpu.allocation.prepare import (
+    ClaimAllocation,
+    ClaimPlan,
+    DeviceNames,
+    PrepareError,
+)
 from dracpu.allocation.store import (
     AllocationStore,
     ClaimRecord,
@@ -30,13 +47,41 @@ from dracpu.allocation.store import (
     ContainerRecord,
     ContainerState,
     SandboxRecord,
+    StateError,
     StoreError,
 )
 from dracpu.cpuset import CPUSet
-from dracpu.messages import CheckpointWritten, ClaimsChanged, SharedPoolChanged
+from dracpu.messages import (
+    CheckpointWritten,
+    ClaimEvent,
+    ClaimPrepared,
+    ClaimsChanged,
+    ClaimsChangeReason,
+    ClaimUnprepared,
+    SharedPoolChanged,
+)
 from dracpu.metrics import DriverMetrics
+from dracpu.state import claims as claim_transactions
+from dracpu.state.steps import (
+    AdmissionError,
+    ClaimSteps,
+    CreateDecision,
+    PrepareOutcome,
+    StateFileError,
+    UnprepareOutcome,
+)
+from dracpu.state.view import EMPTY_SHARED_POOL, NodeView
+from dracpu.topology.model import Topology
 
-__all__ = ["NodeState", "StateFileError"]
+__all__ = [
+    "AdmissionError",
+    "ClaimSteps",
+    "CreateDecision",
+    "NodeState",
+    "PrepareOutcome",
+    "StateFileError",
+    "UnprepareOutcome",
+]
 
 
 def _now() -> float:
@@ -47,16 +92,14 @@ def _now() -> float:
         return 0.0
 
 
-class StateFileError(Exception):
-    """The checkpoint could not be written; the message names the file and the OS error."""
-
-
 class NodeState:
-    """The three stores of behavior.md §12 and the channels that report their changes.
+    """The three stores of behavior.md §12, what prepare plans with, and the channels that
+    report their changes.
 
-    ``store``, ``tracker`` and ``containers`` are public for reading; every change goes
-    through a method of this class. ``mems_of`` maps CPUs to the NUMA nodes holding them
-    (memory alignment); it is None when alignment is off.
+    ``store``, ``tracker``, ``containers`` and ``sandboxes`` belong to ``dracpu.state``
+    (and to tests that set up a state): the daemon's other modules read through ``view``
+    and change things through the transactions below. ``mems_of`` maps CPUs to the NUMA
+    nodes holding them (memory alignment); it is None when alignment is off.
     """
 
     def __init__(
@@ -74,27 +117,65 @@ class NodeState:
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.metrics = metrics
         self.mems_of = mems_of
+        self.view = NodeView(self)
+        # What prepare plans with (``use_topology``, ``apply_topology``); the online CPUs
+        # have this one holder.
+        self.topology: Topology | None = None
+        self.inventory: DeviceNames | None = None
+        self.online = CPUSet()
         # Until the runtime's first Synchronize the containers already running are unknown:
         # the drift watcher must not take them for strangers.
         self.has_synchronized = False
         self.generation = 0
-        self.writer_running = False
+        # Set only by ``checkpoint_writer()``, the writer task's context.
+        self._writer_running = False
         self._claims_out: trio.MemorySendChannel[ClaimsChanged] | None = None
         self._pool_out: trio.MemorySendChannel[SharedPoolChanged] | None = None
+        self._events_out: list[trio.MemorySendChannel[ClaimEvent]] = []
         self.refresh_gauges()
 
     # -- channels -------------------------------------------------------------------------
     def claims_changes(self) -> trio.MemoryReceiveChannel[ClaimsChanged]:
-        """The checkpoint writer's inbox. Until one is opened changes are memory-only."""
+        """The checkpoint writer's inbox. Until one is opened changes are memory-only.
+
+        Unbounded: a change is published from a step that must not await (it is part of a
+        transaction), and the queue is bounded by the prepares and unprepares in flight,
+        each of which waits for its write; the writer takes all queued ones per write.
+        """
         send, receive = trio.open_memory_channel[ClaimsChanged](math.inf)
         self._claims_out = send
         return receive
 
     def pool_changes(self) -> trio.MemoryReceiveChannel[SharedPoolChanged]:
-        """The pool pusher's inbox (unbounded: the pusher acts on the newest message)."""
+        """The pool pusher's inbox.
+
+        Unbounded: published from inside a transaction (no await allowed), and the pusher
+        drains it and acts on the newest message only, so a backlog costs one push.
+        """
         send, receive = trio.open_memory_channel[SharedPoolChanged](math.inf)
         self._pool_out = send
         return receive
+
+    def claim_events(self) -> trio.MemoryReceiveChannel[ClaimEvent]:
+        """A new subscriber's inbox of ``ClaimPrepared`` and ``ClaimUnprepared``, one per
+        committed prepare or unprepare (not for a repeated prepare of a prepared claim).
+
+        Unbounded: sent from the commit step, which must not await; a subscriber that
+        falls behind holds one small message per kubelet call. A subscriber that closes
+        its end is dropped at the next event.
+        """
+        send, receive = trio.open_memory_channel[ClaimEvent](math.inf)
+        self._events_out.append(send)
+        return receive
+
+    def close_channels(self) -> None:
+        """The owner stops publishing: every receiver's loop ends once it drained its
+        inbox (``EndOfChannel``)."""
+        for out in (self._claims_out, self._pool_out, *self._events_out):
+            if out is not None:
+                out.close()
+        self._claims_out = self._pool_out = None
+        self._events_out = []
 
     def _publish_pool(self) -> None:
         if self._pool_out is not None:
@@ -103,7 +184,9 @@ class NodeState:
             )
 
     def _publish_claims(
-        self, reason: str, reply: trio.MemorySendChannel[CheckpointWritten] | None = None
+        self,
+        reason: ClaimsChangeReason,
+        reply: trio.MemorySendChannel[CheckpointWritten] | None = None,
     ) -> None:
         self.generation += 1
         if self._claims_out is not None:
@@ -111,11 +194,36 @@ class NodeState:
                 ClaimsChanged(generation=self.generation, reason=reason, reply=reply)
             )
 
+    def _publish_event(self, event: ClaimEvent) -> None:
+        kept = []
+        for out in self._events_out:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                out.send_nowait(event)
+                kept.append(out)
+        self._events_out = kept
+
     def refresh_gauges(self) -> None:
         if self.metrics is not None:
             self.metrics.show_store(self.store.snapshot())
 
-    async def make_durable(self, reason: str) -> None:
+    # -- durability -----------------------------------------------------------------------
+    @property
+    def writer_running(self) -> bool:
+        """Whether a checkpoint writer takes ``ClaimsChanged`` now."""
+        return self._writer_running
+
+    @contextlib.contextmanager
+    def checkpoint_writer(self) -> Iterator[None]:
+        """The checkpoint writer task runs inside this: ``make_durable`` waits for it while
+        it is inside, and fails at once outside. The writer answers every queued change
+        before it leaves (no await in between), so no waiter is ever left behind."""
+        self._writer_running = True
+        try:
+            yield
+        finally:
+            self._writer_running = False
+
+    async def make_durable(self, reason: ClaimsChangeReason) -> None:
         """Wait until the checkpoint holds the current claims (pending ones included).
 
         Raises ``StateFileError`` when it cannot be written or no writer runs. Without a
@@ -123,7 +231,7 @@ class NodeState:
         """
         if self._claims_out is None:
             return
-        if not self.writer_running:
+        if not self._writer_running:
             raise StateFileError("the checkpoint writer is not running")
         send, receive = trio.open_memory_channel[CheckpointWritten](1)
         self._publish_claims(reason, send)
@@ -132,67 +240,53 @@ class NodeState:
         if written.error:
             raise StateFileError(written.error)
 
-    # -- queries ----------------------------------------------------------------------------
+    # -- queries (the rest is ``view``) --------------------------------------------------
     @property
     def shared_pool(self) -> CPUSet:
         return self.store.shared_pool
 
-    def claims_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
-        """The union of the prepared CPUs of these claims (unknown ones add nothing)."""
-        if len(claim_uids) == 1:  # the usual holder: one claim, no union to build
-            return self.store.cpus_of(claim_uids[0]) or CPUSet()
-        cpus = CPUSet()
-        for uid in claim_uids:
-            held = self.store.cpus_of(uid)
-            if held is not None:
-                cpus |= held
-        return cpus
-
     def describe(self) -> dict[str, Any]:
-        """The allocation part of ``/debug/state``: reserved CPUs, pool, claims and owners."""
-        store = self.store
-        owners = self.tracker.owners()
-        return {
-            "reserved": store.reserved.format(),
-            "isolated": store.isolated.format(),
-            "sharedFloor": store.floor.format(),
-            "sharedPool": store.shared_pool.format(),
-            "claims": [
-                {
-                    "uid": r.uid,
-                    "namespace": r.namespace,
-                    "name": r.name,
-                    "cpus": r.cpus.format(),
-                    "owner": (
-                        {"podUID": owners[r.uid].pod_uid, "container": owners[r.uid].container_name}
-                        if r.uid in owners
-                        else None
-                    ),
-                }
-                for r in sorted(store.records(), key=lambda r: r.uid)
-            ],
-        }
+        """The allocation part of ``/debug/state`` (``NodeView.describe``)."""
+        return self.view.describe()
 
-    def follows_pool(self, claim_uids: Sequence[str]) -> bool:
-        """Whether a claim holder also runs on the shared pool (``sharedPoolAccess``)."""
-        for uid in claim_uids:
-            record = self.store.get(uid)
-            if record is not None and record.shared_pool_access:
-                return True
-        return False
+    # -- topology -------------------------------------------------------------------------
+    def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
+        """Plan prepares with this topology, these devices and online CPUs from now on.
+        Planning does not await, so a prepare plans wholly with the old or the new."""
+        self.topology, self.inventory, self.online = topology, inventory, online
 
-    def holder_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
-        """A claim holder's whole cpuset: its claims' CPUs, plus the shared pool when one
-        of them asked for ``sharedPoolAccess``."""
-        cpus = self.claims_cpus(claim_uids)
-        if self.follows_pool(claim_uids):
-            cpus |= self.store.shared_pool
-        return cpus
+    def apply_topology(self, topology: Topology, inventory: DeviceNames) -> None:
+        """A CPU hotplug change: plan with the new topology, and the allocatable CPUs that
+        are offline now leave the shared pool (claims keep theirs; ``SharedPoolChanged``)."""
+        self.use_topology(topology, inventory, topology.online)
+        self.set_offline(topology.present - topology.online)
 
-    def mems(self, cpus: CPUSet) -> str:
-        return self.mems_of(cpus) if self.mems_of is not None and cpus else ""
+    def set_offline(self, cpus: CPUSet) -> None:
+        """The allocatable CPUs offline now. Claims keep theirs; the shared pool loses (or
+        gets back) the rest."""
+        if self.store.set_offline(cpus):
+            self.refresh_gauges()
+            self._publish_pool()
 
-    # -- the kubelet's changes ------------------------------------------------------------
+    def restore(self, records: Sequence[ClaimRecord]) -> None:
+        """Start-up: claims from the checkpoint or the CDI specs (already checked)."""
+        for record in records:
+            self.store.reserve(record)
+        self.refresh_gauges()
+
+    # -- the kubelet's transactions -------------------------------------------------------
+    async def prepare(self, claim: ClaimAllocation, steps: ClaimSteps) -> PrepareOutcome:
+        """Prepare one claim as one transaction (``state.claims.prepare``)."""
+        return await claim_transactions.prepare(self, claim, steps)
+
+    async def unprepare(
+        self, namespace: str, name: str, claim_uid: str, steps: ClaimSteps
+    ) -> UnprepareOutcome:
+        """Unprepare one claim as one transaction (``state.claims.unprepare``)."""
+        return await claim_transactions.unprepare(self, namespace, name, claim_uid, steps)
+
+    # The steps of those transactions. Outside ``dracpu.state`` only tests call them, to
+    # set a state up or to check one step.
     def begin_prepare(self, plan: ClaimPlan) -> bool:
         """Keep a plan's CPUs from every other claim, not yet visible. True when new."""
         if plan.already_prepared or plan.is_empty:
@@ -204,9 +298,11 @@ class NodeState:
 
     def finish_prepare(self, plan: ClaimPlan) -> None:
         """The claim's spec and checkpoint are on disk: it is prepared for everyone now."""
-        if self.store.commit(plan.claim_uid) is not None:
+        record = self.store.commit(plan.claim_uid)
+        if record is not None:
             self.refresh_gauges()
             self._publish_pool()
+            self._publish_event(ClaimPrepared(**_event_fields(record)))
 
     def abort_prepare(self, plan: ClaimPlan) -> None:
         """The prepare failed before anyone saw the claim; the next checkpoint drops it."""
@@ -217,30 +313,56 @@ class NodeState:
         return self.store.begin_release(claim_uid)
 
     def finish_unprepare(self, claim_uid: str) -> None:
+        record = self.store.get(claim_uid)
         self.store.release(claim_uid)
         self.tracker.release([claim_uid])
         self.refresh_gauges()
         self._publish_pool()
+        if record is not None:
+            self._publish_event(ClaimUnprepared(**_event_fields(record)))
 
     def abort_unprepare(self, claim_uid: str) -> None:
         self.store.cancel_release(claim_uid)
 
-    def set_offline(self, cpus: CPUSet) -> None:
-        """CPU hotplug: the allocatable CPUs offline now. Claims keep theirs; the shared
-        pool loses (or gets back) the rest."""
-        if self.store.set_offline(cpus):
-            self.refresh_gauges()
-            self._publish_pool()
-
-    def restore(self, records: Sequence[ClaimRecord]) -> None:
-        """Start-up: claims from the checkpoint or the CDI specs (already checked)."""
-        for record in records:
-            self.store.reserve(record)
-        self.refresh_gauges()
-
     # -- the runtime's changes ------------------------------------------------------------
+    def admit(self, record: ContainerRecord, claims: Mapping[str, CPUSet]) -> CreateDecision:
+        """CreateContainer (§13.3), all or nothing: a claim holder (``claims``: the env's
+        claim UID -> CPUs, in order) is bound to its claims, which must be prepared with
+        exactly those CPUs, and pinned to them; anyone else to the shared pool. Returns the
+        container's cpuset and, when it bound a claim anew, the updates of the containers
+        that follow the pool. Raises ``AdmissionError`` (nothing changed) for a claim bound
+        to another container, one not prepared or prepared with other CPUs, and a shared
+        container while the shared pool is empty."""
+        if not claims:
+            pool = self.store.shared_pool
+            if not pool:
+                raise AdmissionError(EMPTY_SHARED_POOL)
+            self.containers.set(msgspec.structs.replace(record, claim_uids=()))
+            return CreateDecision(cpus=pool)
+        claim_uids = tuple(claims)
+        try:
+            newly_bound = self.tracker.set_owner(record.pod_uid, record.name, claim_uids)
+        except StateError as exc:
+            raise AdmissionError(str(exc)) from None
+        try:
+            self.store.validate(claims)
+        except StoreError as exc:
+            self.tracker.release(newly_bound)
+            raise AdmissionError(str(exc)) from None
+        # The env's CPUs equal the claims' (validated); sharedPoolAccess adds the pool.
+        guaranteed = self.view.holder_cpus(claim_uids)
+        self.containers.set(msgspec.structs.replace(record, claim_uids=claim_uids))
+        updates = self.view.shared_updates(exclude=record.container_id) if newly_bound else []
+        return CreateDecision(
+            cpus=guaranteed,
+            mems=self.view.mems(guaranteed),
+            updates=updates,
+            claim_uids=claim_uids,
+        )
+
     def bind(self, pod_uid: str, name: str, claim_uids: Sequence[str]) -> list[str]:
-        """Bind claims to a container (raises ``OwnerError``); returns the newly bound."""
+        """Bind claims to a container (raises ``OwnerError``); returns the newly bound.
+        A step of ``admit``; outside ``dracpu.state`` only tests call it."""
         return self.tracker.set_owner(pod_uid, name, claim_uids)
 
     def unbind(self, claim_uids: Sequence[str]) -> None:
@@ -290,3 +412,13 @@ class NodeState:
             self.refresh_gauges()
             self._publish_claims("synchronize")
             self._publish_pool()
+
+
+def _event_fields(record: ClaimRecord) -> dict[str, Any]:
+    return {
+        "uid": record.uid,
+        "namespace": record.namespace,
+        "name": record.name,
+        "cpus": record.cpus.format(),
+        "devices": tuple(d.device_name for d in record.devices),
+    }
