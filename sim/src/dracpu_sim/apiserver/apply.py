@@ -17,15 +17,20 @@ checks follow the real server (kubernetes/kubernetes v1.34):
 
 Merging: maps merge key by key, keyed lists (``list_keys``) item by item, other lists
 and scalars are replaced; a field this field manager applied before and leaves out now is
-removed. Simplified against the real field manager: the simulator keeps each manager's
-last applied configuration instead of ``metadata.managedFields`` (which it does not
-serve), and it does not detect conflicts between managers (``force`` changes nothing).
+removed. A list keyed on several fields is named by its path (``PATH_KEYS``):
+``ResourceClaim.status.devices`` is ``listType=map`` on driver, device, pool and shareID,
+so each driver's entries merge apart and a driver that applies again without an entry it
+applied before removes it, leaving other drivers' entries alone. Simplified against the
+real field manager: the simulator keeps each manager's last applied configuration instead
+of ``metadata.managedFields`` (which it does not serve), and it does not detect conflicts
+between managers (``force`` changes nothing).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -35,11 +40,23 @@ from dracpu_sim.apiserver import errors, openapi
 from dracpu_sim.apiserver.list_keys import MERGE_KEYS, PRIMITIVE_SETS
 from dracpu_sim.apiserver.resources import ResourceType
 
-__all__ = ["APPLY_PATCH", "applied_configuration", "decode_apply_body", "merge_applied"]
+__all__ = [
+    "APPLY_PATCH",
+    "PATH_KEYS",
+    "applied_configuration",
+    "decode_apply_body",
+    "merge_applied",
+]
 
 APPLY_PATCH = "application/apply-patch+yaml"
 
 Obj = dict[str, Any]
+
+# Associative lists keyed on more than one field, by their path from the object's root
+# (k8s.io/api resource/v1 types.go: ResourceClaimStatus.Devices, +listMapKey each).
+PATH_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("status", "devices"): ("driver", "device", "pool", "shareID"),
+}
 
 
 class _Loader(yaml.SafeLoader):
@@ -104,20 +121,44 @@ def applied_configuration(resource: ResourceType, config: Obj) -> Obj:
     return config
 
 
-def merge_applied(live: Any, applied: Any, previous: Any, field: str = "") -> Any:
+def merge_applied(
+    live: Any, applied: Any, previous: Any, field: str = "", path: tuple[str, ...] = ()
+) -> Any:
     """``live`` with ``applied`` merged in, less what ``previous`` (the same manager's last
-    applied configuration) had and ``applied`` no longer has."""
+    applied configuration) had and ``applied`` no longer has. ``path`` is where ``live``
+    sits from the object's root (``()`` below keyed list items)."""
+    keys = PATH_KEYS.get(path)
+    if keys is not None and isinstance(live, list | None) and isinstance(applied, list):
+        items = [*(live or []), *applied, *(previous or [])]
+        if all(isinstance(i, dict) for i in items):
+            return _merge_keyed(live or [], applied, previous, _fields_key(keys), field)
+    if keys is not None and isinstance(live, list) and applied is None:
+        # The manager no longer applies the list at all: only its own entries go.
+        items = [*live, *(previous or [])]
+        if all(isinstance(i, dict) for i in items):
+            return _merge_keyed(live, [], previous, _fields_key(keys), field)
     if isinstance(live, dict) and isinstance(applied, dict):
         before = previous if isinstance(previous, dict) else {}
         merged = dict(live)
         for key in before:
             if key not in applied:
                 merged.pop(key, None)
+                # A map or multi-key list the manager no longer applies: only what it
+                # applied goes (others' fields and entries stay).
+                old_value, kept = live.get(key), None
+                if isinstance(old_value, dict) and isinstance(before[key], dict):
+                    kept = merge_applied(old_value, {}, before[key], key, (*path, key))
+                elif (*path, key) in PATH_KEYS and isinstance(old_value, list):
+                    kept = merge_applied(old_value, None, before[key], key, (*path, key))
+                if kept:
+                    merged[key] = kept
         for key, value in applied.items():
             if value is None:
                 merged.pop(key, None)
             else:
-                merged[key] = merge_applied(live.get(key), value, before.get(key), key)
+                merged[key] = merge_applied(
+                    live.get(key), value, before.get(key), key, (*path, key)
+                )
         return merged
     if isinstance(live, list) and isinstance(applied, list):
         if field in PRIMITIVE_SETS:
@@ -126,18 +167,29 @@ def merge_applied(live: Any, applied: Any, previous: Any, field: str = "") -> An
             return [*kept, *(v for v in applied if v not in kept)]
         key = MERGE_KEYS.get(field)
         if key is not None and all(isinstance(i, dict) for i in [*live, *applied]):
-            return _merge_keyed(live, applied, previous, key, field)
+            return _merge_keyed(live, applied, previous, _field_key(key), field)
     return copy.deepcopy(applied)
 
 
-def _merge_keyed(live: list[Obj], applied: list[Obj], previous: Any, key: str, field: str) -> Any:
-    wanted = {item.get(key) for item in applied}
-    before = {i.get(key): i for i in previous or [] if isinstance(i, dict)}
-    merged = [i for i in live if i.get(key) in wanted or i.get(key) not in before]
+def _field_key(name: str) -> Callable[[Obj], Any]:
+    return lambda item: item.get(name)
+
+
+def _fields_key(names: tuple[str, ...]) -> Callable[[Obj], Any]:
+    # An unset key field and an empty one are the same key (the API omits both).
+    return lambda item: tuple(item.get(n) or "" for n in names)
+
+
+def _merge_keyed(
+    live: list[Obj], applied: list[Obj], previous: Any, key: Callable[[Obj], Any], field: str
+) -> Any:
+    wanted = {key(item) for item in applied}
+    before = {key(i): i for i in previous or [] if isinstance(i, dict)}
+    merged = [i for i in live if key(i) in wanted or key(i) not in before]
     for item in applied:
-        where = next((n for n, old in enumerate(merged) if old.get(key) == item.get(key)), None)
+        where = next((n for n, old in enumerate(merged) if key(old) == key(item)), None)
         if where is None:
             merged.append(copy.deepcopy(item))
         else:
-            merged[where] = merge_applied(merged[where], item, before.get(item.get(key)), field)
+            merged[where] = merge_applied(merged[where], item, before.get(key(item)), field)
     return merged

@@ -24,6 +24,7 @@ import msgspec
 
 from dracpu_sim.apiserver import errors, openapi
 from dracpu_sim.apiserver.apply import APPLY_PATCH, applied_configuration, merge_applied
+from dracpu_sim.apiserver.claim_status import drop_deallocated, validate_device_statuses
 from dracpu_sim.apiserver.deployments import validate_deployment, validate_deployment_update
 from dracpu_sim.apiserver.errors import ApiError, FieldError
 from dracpu_sim.apiserver.patch import json_patch, merge_patch
@@ -449,6 +450,8 @@ class ObjectStore:
             and resource in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES)
         ):
             problems += immutable_spec(obj, old)
+        if old is not None and resource is RESOURCE_CLAIMS:
+            problems += validate_device_statuses(obj)
         if problems:
             raise errors.invalid(resource.kind, resource.group, name, problems)
 
@@ -540,6 +543,8 @@ class ObjectStore:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if resource is RESOURCE_CLAIMS:
+                drop_deallocated(new, old)
             return new  # type: ignore[no-any-return]
         new = obj
         if resource.has_status:
