@@ -5,11 +5,17 @@ versions and, beyond upstream, a `sysfs` section holding every sysfs file discov
 keyed by absolute `/sys/...` path. That section is a valid sysfs overlay and can be turned
 back into a tree (`materialize_sysfs`), so `--sysfs-root` reproduces the node's topology
 anywhere. Also beyond upstream, `driverConfigSource` names the PID the config was read from,
-or says that no daemon ran and `driverConfig` holds the defaults.
+or says that no daemon ran and `driverConfig` holds the defaults; and, when the API server
+answers, `resourceSlices` holds the other drivers' ResourceSlices of this node (a GPU or NIC
+driver's devices, with their `pcieRoot` and NUMA attributes) and `deviceClasses` the
+cluster's DeviceClasses, so that `dracpu demo --sysfs-root <report>` replays the node with
+every driver's devices (`apiObjectsSource` says where they came from, or why they are not
+there).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -27,12 +33,15 @@ from dracpu import __version__
 from dracpu.topology.model import NO_ID, Topology
 
 __all__ = [
+    "ApiObjects",
     "GatherinfoError",
     "build_report",
     "collect_sysfs",
     "driver_processes",
     "find_driver_process",
+    "gather_api_objects",
     "materialize_sysfs",
+    "other_drivers_slices",
     "read_bundle_objects",
     "runs_daemon",
     "write_report",
@@ -223,6 +232,88 @@ def read_bundle_objects(path: Path) -> tuple[list[dict[str, Any]], list[dict[str
     return out[0], out[1]
 
 
+@dataclass(frozen=True)
+class ApiObjects:
+    """What the report holds from the API server, and a line saying where it came from."""
+
+    slices: list[dict[str, Any]]
+    classes: list[dict[str, Any]]
+    source: str
+
+
+def _as_gathered(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object without the metadata its API server set (uid, resourceVersion, owner
+    references to a Node of that cluster, managed fields, ...): what another API server
+    accepts as a new object."""
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": obj.get("apiVersion", "resource.k8s.io/v1"),
+        "kind": obj.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if meta.get(k)},
+        "spec": obj.get("spec") or {},
+    }
+
+
+def other_drivers_slices(
+    slices: list[Mapping[str, Any]], node_name: str, driver: str
+) -> list[dict[str, Any]]:
+    """The slices of this node (``spec.nodeName``) that another driver than ``driver``
+    published, by name, as gathered (``_as_gathered``). Slices for all nodes or chosen by
+    a node selector are the cluster's, not this node's, and are left out."""
+    out = [
+        _as_gathered({"kind": "ResourceSlice", **s})
+        for s in slices
+        if (s.get("spec") or {}).get("nodeName") == node_name
+        and (s.get("spec") or {}).get("driver") != driver
+    ]
+    return sorted(out, key=lambda s: str(s["metadata"].get("name", "")))
+
+
+def gather_api_objects(
+    api_client: Any, node_name: str, driver: str, *, timeout: float = 10.0
+) -> ApiObjects:
+    """Other drivers' ResourceSlices on ``node_name`` and every DeviceClass, read through
+    ``api_client`` (a ``kubernetes`` ``ApiClient``). The slices are listed with the
+    ``spec.nodeName`` field selector the API server offers for ResourceSlices. Raises
+    GatherinfoError when a list fails (unreachable, forbidden, ...)."""
+    from kubernetes import client as k8s_client
+
+    from dracpu.k8s.client import translate_error
+
+    api = k8s_client.ResourceV1Api(api_client)
+
+    def listed(what: str, fn: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        try:
+            response = fn(_preload_content=False, _request_timeout=timeout, **kwargs)
+            body = json.loads(response.data)
+        except Exception as exc:  # the client's errors vary by transport: translate them
+            raise GatherinfoError(f"list {what}: {translate_error(exc)}") from None
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise GatherinfoError(f"list {what}: the API server's answer has no items list")
+        return [i for i in items if isinstance(i, dict)]
+
+    raw_slices = listed(
+        "ResourceSlices", api.list_resource_slice, field_selector=f"spec.nodeName={node_name}"
+    )
+    slices = other_drivers_slices(raw_slices, node_name, driver)
+    classes = sorted(
+        (
+            _as_gathered({"kind": "DeviceClass", **c})
+            for c in listed("DeviceClasses", api.list_device_class)
+        ),
+        key=lambda c: str(c["metadata"].get("name", "")),
+    )
+    drivers = sorted({str(s["spec"].get("driver")) for s in slices})
+    source = (
+        f"API server {api_client.configuration.host}: {len(slices)} ResourceSlice(s) of "
+        f"other drivers on node {node_name}"
+        + (f" ({', '.join(drivers)})" if drivers else "")
+        + f", {len(classes)} DeviceClass(es)"
+    )
+    return ApiObjects(slices=slices, classes=classes, source=source)
+
+
 def cpu_details(topo: Topology) -> dict[str, Any]:
     cpus = []
     for _, info in sorted(topo.cpus.items()):
@@ -264,10 +355,12 @@ def build_report(
     sysfs_files: Mapping[str, str],
     *,
     config_source: str = "",
+    api_objects: ApiObjects | None = None,
 ) -> str:
     """The report's YAML. ``config_source`` says where ``driverConfig`` came from (the PID
     of the running driver, or that none ran and these are the defaults); empty leaves the
-    key out."""
+    key out. ``api_objects``: other drivers' slices and the device classes, with where
+    they came from (or only why they are not there)."""
     report: dict[str, object] = {
         "cpuDetails": cpu_details(topo),
         "driverConfig": _omit_empty(config),
@@ -277,6 +370,12 @@ def build_report(
     }
     if config_source:
         report["driverConfigSource"] = config_source
+    if api_objects is not None:
+        report["apiObjectsSource"] = api_objects.source
+        if api_objects.slices:
+            report[REPORT_SLICES] = api_objects.slices
+        if api_objects.classes:
+            report[REPORT_CLASSES] = api_objects.classes
     return "---\n" + yaml.safe_dump(report, sort_keys=True, default_flow_style=False)
 
 

@@ -3,6 +3,8 @@ bundle of the running driver."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from dracpu.config import DriverConfig
+    from dracpu.gatherinfo import ApiObjects
 
 __all__ = ["cmd_gatherinfo"]
 
@@ -30,14 +33,35 @@ def cmd_gatherinfo(argv: Sequence[str]) -> int:
         "Collect a node-local support bundle: the running driver's config, the CPU topology "
         "and the sysfs files it came from. The driver is the lowest-numbered process running "
         "the dracpu daemon (found under $HOST_ROOT/proc); its PID is printed on stderr. With "
-        "no daemon running, the report says so and holds the default config. Attach it to a "
-        "bug report; feed it back with `dracpu introspect topology --sysfs-root FILE` to "
-        "reproduce the node's topology.",
-        "dracpu gatherinfo --output-dir /tmp/dracpu-report",
+        "no daemon running, the report says so and holds the default config. When the API "
+        "server answers, the report also holds the other drivers' ResourceSlices of this node "
+        "and the cluster's DeviceClasses. Attach it to a bug report; feed it back with "
+        "`dracpu introspect topology --sysfs-root FILE` to reproduce the node's topology, or "
+        "`dracpu demo --sysfs-root FILE --scenario CLAIMS` to replay claims on the node with "
+        "every driver's devices.",
+        "dracpu gatherinfo --output-dir /tmp/dracpu-report\n"
+        "dracpu gatherinfo --stdout --kubeconfig ~/.kube/config --node-name worker-3",
     )
     p.add_argument("--output-dir", default="", help="directory for the report file")
     p.add_argument("--stdout", action="store_true", help="write the report to stdout")
     p.add_argument("--sysfs-root", help="sysfs directory to read (default $HOST_ROOT/sys)")
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig for reading other drivers' ResourceSlices (default: the running "
+        "driver's --kubeconfig, else the pod's in-cluster config)",
+    )
+    p.add_argument(
+        "--node-name",
+        default="",
+        help="the node whose slices to save (default: the running driver's "
+        "--hostname-override, else $NODE_NAME, else the hostname)",
+    )
+    p.add_argument(
+        "--no-api",
+        action="store_true",
+        help="do not ask the API server for other drivers' ResourceSlices",
+    )
     args = p.parse_args(argv)
     if args.stdout and args.output_dir:
         raise CLIError("--stdout and --output-dir cannot be used together")
@@ -49,7 +73,10 @@ def cmd_gatherinfo(argv: Sequence[str]) -> int:
         if overlay and resolve is not None:
             overlay = resolve(overlay)
         topo = discover(sysfs, overlay=overlay or None, pcie=False)
-        report = build_report(topo, config, collect_sysfs(sysfs), config_source=source)
+        api_objects = None if args.no_api else _api_objects(args, config, resolve)
+        report = build_report(
+            topo, config, collect_sysfs(sysfs), config_source=source, api_objects=api_objects
+        )
         if args.stdout:
             sys.stdout.write(report)
             return 0
@@ -83,6 +110,51 @@ def _running_driver_config(
     )
     resolve = path_in_process(procfs, proc.pid)
     return _driver_config_of(proc.argv, resolve), f"PID {proc.pid}", resolve
+
+
+def _api_objects(
+    args: argparse.Namespace, config: DriverConfig, resolve: Callable[[str], str] | None
+) -> ApiObjects:
+    """Other drivers' slices of this node and the device classes, or, when the API server
+    cannot be asked or does not answer, an empty result whose source says why (also on
+    stderr): the rest of the report is still worth having."""
+    from dracpu import DRIVER_NAME
+    from dracpu.config import ConfigError, resolve_node_name
+    from dracpu.gatherinfo import ApiObjects, GatherinfoError, gather_api_objects
+    from dracpu.k8s.client import K8sError, load_api_client
+
+    def skipped(why: str, *, quietly: bool = False) -> ApiObjects:
+        if not quietly:
+            _say(f"other drivers' ResourceSlices not saved: {why}")
+        return ApiObjects(slices=[], classes=[], source=f"not gathered: {why}")
+
+    kubeconfig = args.kubeconfig or config.kubeconfig
+    if kubeconfig and not args.kubeconfig and resolve is not None:
+        kubeconfig = resolve(kubeconfig)  # the driver's path, seen through its root
+    if not kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # Off the cluster with nothing to reach it by: expected, so only the report says it.
+        return skipped(
+            "no --kubeconfig, the running driver has none, and this is not a pod "
+            "(KUBERNETES_SERVICE_HOST is unset)",
+            quietly=True,
+        )
+    try:
+        node_name = args.node_name or resolve_node_name(config)
+    except ConfigError as err:
+        return skipped(str(err))
+    try:
+        # No retries: a node without a reachable API server should not hold the report up.
+        api_client = load_api_client(kubeconfig or None, retries=0)
+    except K8sError as err:
+        return skipped(str(err))
+    try:
+        found = gather_api_objects(api_client, node_name, DRIVER_NAME)
+    except GatherinfoError as err:
+        return skipped(str(err))
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+    _say(f"saved from the {found.source}")
+    return found
 
 
 def _say(line: str) -> None:
