@@ -275,7 +275,8 @@ def gather_api_objects(
     """Other drivers' ResourceSlices on ``node_name`` and every DeviceClass, read through
     ``api_client`` (a ``kubernetes`` ``ApiClient``). The slices are listed with the
     ``spec.nodeName`` field selector the API server offers for ResourceSlices. Raises
-    GatherinfoError when a list fails (unreachable, forbidden, ...)."""
+    GatherinfoError when listing the slices fails (unreachable, forbidden, ...); when only
+    the DeviceClasses cannot be listed, the source says so."""
     from kubernetes import client as k8s_client
 
     from dracpu.k8s.client import translate_error
@@ -297,11 +298,16 @@ def gather_api_objects(
         "ResourceSlices", api.list_resource_slice, field_selector=f"spec.nodeName={node_name}"
     )
     slices = other_drivers_slices(raw_slices, node_name, driver)
+    # The driver's own ServiceAccount may list ResourceSlices but not DeviceClasses
+    # (deploy/base/rbac.yaml grants what the daemon needs): the slices still count.
+    try:
+        listed_classes = listed("DeviceClasses", api.list_device_class)
+        classes_text = f", {len(listed_classes)} DeviceClass(es)"
+    except GatherinfoError as err:
+        listed_classes = []
+        classes_text = f"; no DeviceClasses: {err}"
     classes = sorted(
-        (
-            _as_gathered({"kind": "DeviceClass", **c})
-            for c in listed("DeviceClasses", api.list_device_class)
-        ),
+        (_as_gathered({"kind": "DeviceClass", **c}) for c in listed_classes),
         key=lambda c: str(c["metadata"].get("name", "")),
     )
     drivers = sorted({str(s["spec"].get("driver")) for s in slices})
@@ -309,7 +315,7 @@ def gather_api_objects(
         f"API server {api_client.configuration.host}: {len(slices)} ResourceSlice(s) of "
         f"other drivers on node {node_name}"
         + (f" ({', '.join(drivers)})" if drivers else "")
-        + f", {len(classes)} DeviceClass(es)"
+        + classes_text
     )
     return ApiObjects(slices=slices, classes=classes, source=source)
 

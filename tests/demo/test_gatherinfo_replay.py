@@ -195,3 +195,29 @@ def test_a_bundle_with_a_bad_section_is_refused(tmp_path: Path, section: str, me
     bundle.write_text(f"---\nsysfs: {{}}\n{section}\n")
     with pytest.raises(GatherinfoError, match=message):
         read_bundle_objects(bundle)
+
+
+async def test_forbidden_device_classes_keep_the_slices(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The driver's own ServiceAccount may list ResourceSlices but not DeviceClasses.
+    server = SimAPIServer(seed=1)
+    await nursery.start(server.serve)
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    for plural, obj in _cluster_objects("worker-3"):
+        server.create(plural, obj)
+    server.faults.inject(
+        "list", "deviceclasses", status=403, message='deviceclasses is forbidden: User "x"'
+    )
+    code, out, err = await _gatherinfo(
+        tmp_path, "--kubeconfig", str(kubeconfig), "--node-name", "worker-3"
+    )
+    assert code == 0, err
+    report = yaml.safe_load(out)
+    assert len(report["resourceSlices"]) == 2
+    assert "deviceClasses" not in report
+    assert report["apiObjectsSource"].startswith(
+        f"API server {server.url}: 2 ResourceSlice(s) of other drivers on node worker-3 "
+        "(dra.net, gpu.example.com); no DeviceClasses: list DeviceClasses: "
+    )
+    assert "forbidden" in report["apiObjectsSource"]
