@@ -2,15 +2,18 @@
 
 Every ``interval`` seconds (one small sysfs read) the watcher compares the kernel's online
 list with the last one. On a change it discovers the topology again (a CPU's topology files
-are readable only while it is online) and then, in one step on the Trio thread:
+are readable only while it is online) and sends one ``TopologyChanged`` on its channel; it
+changes nothing itself. Whoever receives it (the daemon's ``follow_topology`` task) applies
+it in one step on the Trio thread:
 
-- the state owner learns which allocatable CPUs are offline: claims keep theirs (the
-  checkpoint keeps every claim), the shared pool loses or regains the rest
-  (``SharedPoolChanged``), no new claim gets an offline CPU;
+- the state owner (``NodeState.apply_topology``) plans with the new topology and learns
+  which allocatable CPUs are offline: claims keep theirs (the checkpoint keeps every
+  claim), the shared pool loses or regains the rest (``SharedPoolChanged``), no new claim
+  gets an offline CPU;
 - the devices are built again and the ResourceSlices republished without offline CPUs;
-- the health stream reports every device of a claim that holds an offline CPU UNHEALTHY,
-  with the CPUs in its message, and HEALTHY again once they are back;
-- ``dracpu_cpu_hotplug_events_total`` and ``dracpu_claims_on_offline_cpus`` follow.
+- ``report_health``: the health stream reports every device of a claim that holds an
+  offline CPU UNHEALTHY, with the CPUs in its message, and HEALTHY again once they are
+  back; ``dracpu_claims_on_offline_cpus`` follows.
 
 ``unhealthy_devices`` is the pure part.
 """
@@ -18,22 +21,32 @@ are readable only while it is online) and then, in one step on the Trio thread:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from dracpu.allocation.store import ClaimRecord
 from dracpu.cpuset import CPUSet
+from dracpu.kubelet.health import HealthService
 from dracpu.logs import get_logger
+from dracpu.messages import TopologyChanged
+from dracpu.metrics import DriverMetrics
+from dracpu.state.view import NodeView
 from dracpu.topology.discover import discover_from_root, read_online
 from dracpu.topology.sysfs import SysfsReader, TopologyError
 
-if TYPE_CHECKING:
-    from dracpu.daemon.app import Daemon
-
-__all__ = ["HotplugWatcher", "unhealthy_devices"]
+__all__ = ["HotplugWatcher", "SysfsSource", "report_health", "unhealthy_devices"]
 
 log = get_logger("dracpu.hotplug")
+
+
+class SysfsSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the topology is read from (the daemon's ``sysfsRoot``, ``sysfsOverlay`` and
+    ``exposePCIeRoots``)."""
+
+    root: str
+    overlay: str = ""
+    expose_pcie_roots: bool = False
 
 
 def unhealthy_devices(records: Iterable[ClaimRecord], offline: CPUSet) -> dict[str, str]:
@@ -50,41 +63,70 @@ def unhealthy_devices(records: Iterable[ClaimRecord], offline: CPUSet) -> dict[s
     return out
 
 
-class HotplugWatcher:
-    """Polls the online CPUs and applies a change (see the module docstring)."""
+def report_health(
+    view: NodeView, published: Iterable[str], health: HealthService, metrics: DriverMetrics
+) -> None:
+    """Health and the offline-claims gauge from the state owner's claims now;
+    ``published`` are the device names published now."""
+    records = view.claims()
+    offline = view.offline
+    marks = unhealthy_devices(records, offline)
+    held = [d.device_name for r in records for d in r.devices]
+    health.set_devices(_union(published, held), marks)
+    metrics.claims_on_offline_cpus.set(sum(1 for r in records if r.cpus & offline))
+    for device, why in sorted(marks.items()):
+        log.warning("device unhealthy", device=device, reason=why)
 
-    def __init__(self, daemon: Daemon, *, interval: float = 2.0) -> None:
+
+class HotplugWatcher:
+    """Polls the online CPUs and sends each change (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: SysfsSource,
+        online: CPUSet,
+        changes: trio.MemorySendChannel[TopologyChanged],
+        *,
+        interval: float = 2.0,
+    ) -> None:
+        """``online`` is the set the daemon started with; ``changes`` is where each change
+        goes (a restarted watcher keeps sending there: each run holds a clone of it, so
+        the receiver ends once the watcher stops for good and ``close`` was called)."""
         if interval <= 0:
             raise ValueError(f"hotplug check interval must be positive, got {interval}")
-        self._daemon = daemon
+        self.source = source
         self.interval = interval
-        assert daemon.topology is not None
-        self.online = daemon.topology.online
+        self.online = online
         self.events = 0
+        self._changes = changes
+
+    def close(self) -> None:
+        """No run will send again: the receiver ends once every run's clone is closed."""
+        self._changes.close()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        cfg = self._daemon.config
-        reader = SysfsReader.with_overlay_file(cfg.sysfsRoot, cfg.sysfsOverlay or None)
-        while True:
-            await trio.sleep(self.interval)
-            try:
-                online = await trio.to_thread.run_sync(read_online, reader)
-            except TopologyError as exc:
-                log.warning("cannot read the online CPUs", err=exc)
-                continue
-            if online != self.online:
-                await self._changed(online)
+        async with self._changes.clone() as out:
+            task_status.started()
+            src = self.source
+            reader = SysfsReader.with_overlay_file(src.root, src.overlay or None)
+            while True:
+                await trio.sleep(self.interval)
+                try:
+                    online = await trio.to_thread.run_sync(read_online, reader)
+                except TopologyError as exc:
+                    log.warning("cannot read the online CPUs", err=exc)
+                    continue
+                if online != self.online:
+                    await self._changed(online, out)
 
-    async def _changed(self, online: CPUSet) -> None:
-        daemon = self._daemon
-        cfg = daemon.config
+    async def _changed(self, online: CPUSet, out: trio.MemorySendChannel[TopologyChanged]) -> None:
+        src = self.source
         try:
             topo = await trio.to_thread.run_sync(
                 lambda: discover_from_root(
-                    cfg.sysfsRoot,
-                    overlay=cfg.sysfsOverlay or None,
-                    expose_pcie_roots=cfg.exposePCIeRoots,
+                    src.root,
+                    overlay=src.overlay or None,
+                    expose_pcie_roots=src.expose_pcie_roots,
                 )
             )
         except TopologyError as exc:
@@ -99,23 +141,7 @@ class HotplugWatcher:
             online=came.format() or None,
             nowOnline=online.format(),
         )
-        daemon.apply_topology(topo)
-        daemon.metrics.hotplug_events.inc()
-        self.report_health()
-
-    def report_health(self) -> None:
-        """Health and the offline-claims gauge from the state owner's claims now."""
-        daemon = self._daemon
-        assert daemon.state is not None and daemon.kubelet is not None
-        records = daemon.state.store.records()
-        offline = daemon.state.store.offline
-        marks = unhealthy_devices(records, offline)
-        held = [d.device_name for r in records for d in r.devices]
-        published = [d.name for d in daemon.inventory.devices] if daemon.inventory else []
-        daemon.kubelet.health.set_devices(_union(published, held), marks)
-        daemon.metrics.claims_on_offline_cpus.set(sum(1 for r in records if r.cpus & offline))
-        for device, why in sorted(marks.items()):
-            log.warning("device unhealthy", device=device, reason=why)
+        await out.send(TopologyChanged(topology=topo, went=went.format(), came=came.format()))
 
 
 def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
