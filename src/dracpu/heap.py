@@ -14,8 +14,9 @@ threshold. Cyclic garbage made later is still collected, in bigger batches: at m
 ``GEN0_THRESHOLD`` objects wait for a collection (a few hundred KiB).
 
 That one full collection blocks the event loop for 0.1-0.3 s on a busy node, so
-``dracpu run`` does it off the path to readiness: ``settle_when_ready`` waits until the
-daemon is ready (at most ``READY_WAIT`` seconds), then settles.
+``dracpu run`` does it off the path to readiness: ``settle_when_ready``, a one-shot
+service under the root supervisor, waits on the daemon's readiness (woken by the report
+that made the last component ready; at most ``READY_WAIT`` seconds), then settles.
 
 Large requests are the other side of it. A 4 MiB gRPC message passes through several
 buffers of its size (its pieces, the joined message, the protobuf's strings, the error
@@ -38,6 +39,7 @@ import functools
 import gc
 import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -59,7 +61,6 @@ __all__ = [
 
 GEN0_THRESHOLD = 10_000
 READY_WAIT = 60.0
-_POLL = 0.5
 # A request (or a discarded part of one) this large counts towards a release; smaller ones
 # come and go from pools the allocator reuses.
 LARGE_REQUEST = 64 * 1024
@@ -80,23 +81,27 @@ def settle() -> None:
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
 
 
-async def settle_when_ready(
-    ready: Callable[[], bool], *, settle: Callable[[], None] = settle, wait: float = READY_WAIT
-) -> None:
-    """Settle once ``ready()`` holds, or after ``wait`` seconds if it never does.
+class Readiness(Protocol):
+    """What the settling waits on: ``dracpu.nursery.ReadinessView``."""
 
-    Runs as a Trio system task, where an exception would end the whole run: a failing
-    ``ready()`` is logged and counts as ready.
+    async def wait_ready(self) -> None: ...
+
+
+async def settle_when_ready(
+    readiness: Readiness,
+    *,
+    settle: Callable[[], None] = settle,
+    wait: float = READY_WAIT,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Settle once the daemon is ready, or after ``wait`` seconds if it never is.
+
+    A one-shot service: started at once (it is on nobody's path), it sleeps until the
+    readiness source says every component is ready, settles and returns.
     """
+    task_status.started()
     with trio.move_on_after(wait):
-        while True:
-            try:
-                if ready():
-                    break
-            except Exception as exc:
-                log.warning("readiness check failed; settling the heap now", err=str(exc))
-                break
-            await trio.sleep(_POLL)
+        await readiness.wait_ready()
     settle()
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 
-import pytest
 import trio
 import trio.testing
 
 from dracpu.heap import GEN0_THRESHOLD, settle_when_ready
+from dracpu.nursery import Readiness, Service, Supervisor
 
 CHILD = """
 import gc, json
@@ -53,39 +54,57 @@ def test_settle_freezes_what_is_alive_and_raises_the_young_threshold() -> None:
     assert seen["left"] == 0
 
 
-async def test_settle_waits_for_readiness(autojump_clock: trio.testing.MockClock) -> None:
-    checks: list[float] = []
+async def test_settle_wakes_when_the_last_component_reports_ready(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    readiness = Readiness()
+    flags = [readiness.declare(name) for name in ("kubelet-registration", "nri", "slices")]
     settled: list[float] = []
 
-    def ready() -> bool:
-        checks.append(trio.current_time())
-        return len(checks) >= 4
+    async def report() -> None:
+        for at, flag in zip((1.0, 2.5, 4.25), flags, strict=True):
+            await trio.sleep_until(at)
+            flag.set_ready()
 
-    await settle_when_ready(ready, settle=lambda: settled.append(trio.current_time()))
-    assert len(checks) == 4 and settled == [checks[-1]]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(report)
+        await settle_when_ready(
+            readiness.view(), settle=lambda: settled.append(trio.current_time())
+        )
+    # The moment of the last report, not the next tick of a poll.
+    assert settled == [4.25]
 
 
 async def test_settle_happens_anyway_when_never_ready(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    readiness = Readiness()
+    readiness.declare("nri")
     settled: list[float] = []
     start = trio.current_time()
     await settle_when_ready(
-        lambda: False, settle=lambda: settled.append(trio.current_time()), wait=7
+        readiness.view(), settle=lambda: settled.append(trio.current_time()), wait=7
     )
     assert settled == [start + 7]
 
 
-async def test_a_failing_readiness_check_settles_and_does_not_raise(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+async def test_settling_is_a_one_shot_service_of_the_supervisor(
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # It runs as a Trio system task: an exception there would end the daemon.
-    settled: list[bool] = []
-
-    def ready() -> bool:
-        raise RuntimeError("state not built")
-
-    await settle_when_ready(ready, settle=lambda: settled.append(True))
-    assert settled == [True]
-    assert "readiness check failed; settling the heap now" in caplog.text
-    assert any("state not built" in str(vars(r)) for r in caplog.records)  # the err value
+    sup = Supervisor()
+    nri = sup.readiness.declare("nri")
+    settled: list[float] = []
+    settle = partial(
+        settle_when_ready,
+        sup.readiness.view(),
+        settle=lambda: settled.append(trio.current_time()),
+    )
+    async with sup.open():
+        # Started at once: nothing on the path to readiness waits for it.
+        await sup.start(Service(name="heap", run=settle, restart=False))
+        assert trio.current_time() == 0 and sup.status()["heap"].state == "running"
+        await trio.sleep(3)
+        nri.set_ready()
+        await trio.testing.wait_all_tasks_blocked()
+        assert settled == [3.0]
+        assert sup.status()["heap"].state == "stopped"

@@ -105,9 +105,9 @@ class Node:
         reports ready."""
         reg = os.path.join(self.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
         info = await trio.to_thread.run_sync(register, reg)
+        assert daemon.supervisor is not None
         with trio.fail_after(10):
-            while not all(daemon.readiness().values()):
-                await trio.sleep(0.05)
+            await daemon.supervisor.readiness.wait_ready()  # woken by the last report
         return info
 
     async def prepare_claim(
@@ -206,8 +206,7 @@ async def test_no_devices_publishes_nothing_and_keeps_old_slices(short_tmp: str)
         async def drive(s: Supervisor) -> None:
             await daemon.startup(s)
             with trio.fail_after(10):
-                while not daemon.readiness()["slices"]:
-                    await trio.sleep(0.05)
+                await s.readiness.wait_component("slices")
             await trio.sleep(0.3)
             s.request_stop("done")
 

@@ -45,6 +45,13 @@ with atheris.instrument_imports():
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
+class _EmptyDebugView:
+    """The debug view the HTTP target serves: an empty document."""
+
+    def debug_state(self) -> object:
+        return {}
+
+
 def _chunks(data: bytes) -> list[bytes]:
     """Split the input at the first bytes' values, so the fuzzer controls read sizes."""
     if not data:
@@ -96,7 +103,7 @@ def mux_target(data: bytes) -> None:
 
 def http_target(data: bytes) -> None:
     core = ServerConnection(
-        HTTPApp(debug_state=lambda: {}), HTTPLimits(max_header_bytes=512, max_body_bytes=64)
+        HTTPApp(debug=_EmptyDebugView()), HTTPLimits(max_header_bytes=512, max_body_bytes=64)
     )
     for piece in [*_chunks(data), b""]:
         core.receive_data(piece)

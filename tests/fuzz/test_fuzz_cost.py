@@ -38,6 +38,7 @@ import h2.config
 import h2.connection
 import hpack
 import pytest
+from fixed_views import FixedDebug, fixed_readiness
 from fuzzing import bounded, fuzz_settings
 from grpclib.const import Status
 from hypothesis import given
@@ -153,7 +154,7 @@ def feed_grpc(data: bytes, read_size: int = READ_SIZE) -> Cost:
 def _http_app() -> HTTPApp:
     registry = CollectorRegistry()
     DriverMetrics(registry)
-    app = HTTPApp(registry=registry, readiness=lambda: {"nri": True}, debug_state=lambda: {})
+    app = HTTPApp(registry=registry, readiness=fixed_readiness({"nri": True}), debug=FixedDebug())
     app.mark_started()
     return app
 

@@ -30,6 +30,7 @@ import hpack
 import pytest
 import trio
 from builders import h2_pair
+from fixed_views import FixedDebug
 from grpclib.const import Status
 from h2.errors import ErrorCodes
 from hyperframe.frame import ContinuationFrame, HeadersFrame
@@ -324,7 +325,7 @@ def _listening_addresses(port: int) -> set[str]:
 async def test_debug_state_listens_on_loopback_only_by_default() -> None:
     host, port = parse_bind_address(DriverConfig().debugAddress)
     assert (host, port) == ("127.0.0.1", 8081)
-    app = HTTPApp.debug_only(lambda: {"claims": []})
+    app = HTTPApp.debug_only(FixedDebug({"claims": []}))
     assert app.paths == ("/debug/state",)
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(serve_http, host, 0, app)
@@ -340,7 +341,7 @@ async def test_debug_state_listens_on_loopback_only_by_default() -> None:
 
 
 async def test_oversized_http_request_head_is_431() -> None:
-    app = HTTPApp(debug_state=lambda: {})
+    app = HTTPApp(debug=FixedDebug())
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(serve_http, "127.0.0.1", 0, app)
         stream = await trio.open_tcp_stream("127.0.0.1", bound)
@@ -531,7 +532,7 @@ async def test_a_bug_on_one_http_connection_closes_only_that_connection(
         real(self, data)
 
     monkeypatch.setattr(ServerConnection, "receive_data", poisoned)
-    app = HTTPApp(debug_state=lambda: {})
+    app = HTTPApp(debug=FixedDebug())
     app.mark_started()
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(serve_http, "127.0.0.1", 0, app)

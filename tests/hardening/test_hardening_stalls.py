@@ -31,6 +31,7 @@ import grpc
 import hpack
 import pytest
 import trio
+from fixed_views import FixedDebug
 from kubelet_harness import claim, make_node, prepare_request, prepare_stub, serving, short_dir
 
 from dracpu.grpc.connection import MAX_HEADER_BLOCK_SIZE
@@ -314,7 +315,7 @@ async def test_raw_h2_floods_do_not_delay_another_connection(
 
 
 def test_http_body_of_tiny_chunks_is_parsed_a_bounded_slice_per_step() -> None:
-    app = HTTPApp(debug_state=lambda: {})
+    app = HTTPApp(debug=FixedDebug())
     app.mark_started()
     core = ServerConnection(app)
     head = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -329,7 +330,7 @@ def test_http_body_of_tiny_chunks_is_parsed_a_bounded_slice_per_step() -> None:
 
 
 async def test_http_flood_of_tiny_chunks_does_not_delay_another_connection() -> None:
-    app = HTTPApp(debug_state=lambda: {})
+    app = HTTPApp(debug=FixedDebug())
     app.mark_started()
     latencies: list[float] = []
     async with trio.open_nursery() as nursery:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from fixed_views import FixedDebug, fixed_readiness
 from prometheus_client import CollectorRegistry
 
 from dracpu.http import HTTPApp, Request, Response
@@ -25,7 +26,7 @@ def test_healthz_is_503_until_started_then_200() -> None:
 
 def test_readyz_ok_when_every_component_is_ready() -> None:
     state = {"kubelet-registration": True, "nri": True, "slices": True}
-    app = HTTPApp(readiness=lambda: state)
+    app = HTTPApp(readiness=fixed_readiness(state))
     response = get(app, "/readyz")
     assert (response.status, response.body) == (200, b"ok")
     assert response.content_type == "text/plain; charset=utf-8"
@@ -34,7 +35,7 @@ def test_readyz_ok_when_every_component_is_ready() -> None:
 def test_readyz_lists_components_when_not_ready() -> None:
     state = {"slices": False, "kubelet-registration": True, "nri": False}
     reasons = {"nri": "not synchronized", "slices": "", "kubelet-registration": ""}
-    app = HTTPApp(readiness=lambda: state, readiness_reasons=lambda: reasons)
+    app = HTTPApp(readiness=fixed_readiness(state, reasons))
     response = get(app, "/readyz")
     assert response.status == 503
     assert response.body.decode() == (
@@ -46,7 +47,7 @@ def test_readyz_lists_components_when_not_ready() -> None:
 
 
 def test_readyz_verbose_when_ready() -> None:
-    app = HTTPApp(readiness=lambda: {"nri": True})
+    app = HTTPApp(readiness=fixed_readiness({"nri": True}))
     response = get(app, "/readyz?verbose")
     assert (response.status, response.body) == (200, b"[+] nri ok\nreadyz check passed\n")
 
@@ -55,22 +56,30 @@ def test_readyz_follows_the_supervisor() -> None:
     from dracpu.nursery import Supervisor
 
     sup = Supervisor()
-    sup.require_ready("kubelet-registration", "nri", "slices")
-    app = HTTPApp(readiness=sup.readiness, readiness_reasons=sup.readiness_reasons)
+    registration, nri, slices = (
+        sup.readiness.declare(name) for name in ("kubelet-registration", "nri", "slices")
+    )
+    app = HTTPApp(readiness=sup.readiness.view())
     assert get(app, "/readyz").status == 503
-    sup.set_ready("kubelet-registration", True)
-    sup.set_ready("nri", False, "not synchronized")
+    registration.set_ready()
+    nri.set_not_ready("not synchronized")
     assert b"[-] nri: not synchronized\n" in get(app, "/readyz").body
-    sup.set_ready("nri", True)
-    sup.set_ready("slices", True)
+    nri.set_ready()
+    slices.set_ready()
     assert get(app, "/readyz").body == b"ok"
+    nri.set_not_ready("runtime not connected")  # and back
+    assert get(app, "/readyz").status == 503
 
 
-def test_readiness_callback_error_is_a_500_and_the_app_keeps_serving() -> None:
-    def broken() -> dict[str, bool]:
-        raise RuntimeError("registry gone")
+def test_readiness_view_error_is_a_500_and_the_app_keeps_serving() -> None:
+    class Broken:
+        def components(self) -> dict[str, bool]:
+            raise RuntimeError("registry gone")
 
-    app = HTTPApp(readiness=broken)
+        def reasons(self) -> dict[str, str]:
+            return {}
+
+    app = HTTPApp(readiness=Broken())
     response = get(app, "/readyz")
     assert response.status == 500
     assert response.body == b"500 internal server error: /readyz: registry gone\n"
@@ -110,7 +119,7 @@ class Claim(msgspec.Struct):
 
 def test_debug_state_json() -> None:
     state = {"claims": [Claim(uid="u1", cpus="2-3")], "sharedPool": "0-1,4-7"}
-    app = HTTPApp.debug_only(lambda: state)
+    app = HTTPApp.debug_only(FixedDebug(state))
     assert app.paths == ("/debug/state",)
     response = get(app, "/debug/state")
     assert response.status == 200
@@ -125,13 +134,13 @@ def test_debug_state_json() -> None:
 
 
 def test_debug_state_not_on_the_main_app() -> None:
-    app = HTTPApp(registry=CollectorRegistry(), readiness=dict)
+    app = HTTPApp(registry=CollectorRegistry(), readiness=fixed_readiness({}))
     assert set(app.paths) == {"/healthz", "/readyz", "/metrics"}
     assert get(app, "/debug/state").status == 404
 
 
 def test_debug_state_that_cannot_be_encoded() -> None:
-    app = HTTPApp.debug_only(lambda: {"x": object()})
+    app = HTTPApp.debug_only(FixedDebug({"x": object()}))
     response = get(app, "/debug/state")
     assert response.status == 500
     assert response.body.startswith(b"500 internal server error: cannot encode debug state: ")
@@ -162,5 +171,3 @@ def test_query_and_absolute_form_targets_route_by_path() -> None:
 def test_app_construction_errors() -> None:
     with pytest.raises(ValueError, match="an HTTPApp needs at least one endpoint"):
         HTTPApp(healthz=False)
-    with pytest.raises(ValueError, match="readiness_reasons needs readiness"):
-        HTTPApp(readiness_reasons=dict)

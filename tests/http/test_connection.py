@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from fixed_views import fixed_readiness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +19,7 @@ def examples(default: int) -> int:
 
 
 def make(limits: HTTPLimits | None = None) -> ServerConnection:
-    app = HTTPApp(readiness=lambda: {"nri": False}, readiness_reasons=lambda: {"nri": "down"})
+    app = HTTPApp(readiness=fixed_readiness({"nri": False}, {"nri": "down"}))
     app.mark_started()
     return ServerConnection(app, limits)
 

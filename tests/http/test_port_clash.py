@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from fixed_views import FixedDebug, fixed_readiness
 
 from dracpu.http import HTTPApp, serve_http
 from dracpu.http.server import ListenError, listen_error_message
@@ -59,7 +60,7 @@ def taken_port() -> Iterator[tuple[socket.socket, int]]:
 
 
 def main_app() -> HTTPApp:
-    return HTTPApp(readiness=lambda: {"nri": True}, registry=None)
+    return HTTPApp(readiness=fixed_readiness({"nri": True}), registry=None)
 
 
 async def test_serve_http_on_a_taken_port_raises_one_listen_error(
@@ -95,7 +96,7 @@ async def test_a_taken_port_is_one_line_per_attempt_then_it_starts_when_freed(
     async def start() -> None:
         bound.append(await sup.start(Service(name="http", run=counted)))
 
-    async with trio.open_nursery() as nursery:
+    async with sup.open(), trio.open_nursery() as nursery:
         nursery.start_soon(start)
         # Backoff 0.5 s doubling to the 30 s cap, jittered down by up to 20 %: about six
         # attempts in 30 s, then one every 24-30 s. Not hundreds.
@@ -134,17 +135,17 @@ async def test_a_service_that_stays_blocked_gives_up_without_a_traceback(
     sup = Supervisor(rand=random.Random(7).random)
     service = Service(
         name="debug-http",
-        run=partial(serve_http, "127.0.0.1", port, HTTPApp.debug_only(dict)),
+        run=partial(serve_http, "127.0.0.1", port, HTTPApp.debug_only(FixedDebug())),
         max_restarts=2,
     )
-    with pytest.raises(ServiceFailed) as info:
-        await sup.start(service)
+    async with sup.open():
+        with pytest.raises(ServiceFailed) as info:
+            await sup.start(service)
     assert "--debug-address=127.0.0.1:PORT" in str(info.value)
     text = log_text.getvalue()
     assert "Traceback" not in text and "stacktrace" not in text
     assert len(text.splitlines()) == 3  # two retries, then the give-up line
     assert '"service failed; not restarting"' in text.splitlines()[-1]
-    await sup.stop()
 
 
 async def test_a_group_of_blocked_leaves_is_quiet_too(
@@ -154,8 +155,9 @@ async def test_a_group_of_blocked_leaves_is_quiet_too(
         raise ExceptionGroup("listeners", [ServiceBlocked("port 1 taken"), ServiceBlocked("2")])
 
     sup = Supervisor(rand=random.Random(7).random)
-    with pytest.raises(ServiceFailed):
-        await sup.start(Service(name="http", run=both_taken, max_restarts=0))
+    async with sup.open():
+        with pytest.raises(ServiceFailed):
+            await sup.start(Service(name="http", run=both_taken, max_restarts=0))
     text = log_text.getvalue()
     assert "Traceback" not in text and len(text.splitlines()) == 1
 
@@ -167,8 +169,9 @@ async def test_a_bug_still_gets_its_traceback(
         raise OSError(errno.EBADF, "Bad file descriptor")
 
     sup = Supervisor(rand=random.Random(7).random)
-    with pytest.raises(ServiceFailed):
-        await sup.start(Service(name="http", run=broken, max_restarts=0))
+    async with sup.open():
+        with pytest.raises(ServiceFailed):
+            await sup.start(Service(name="http", run=broken, max_restarts=0))
     assert "Traceback" in log_text.getvalue()
 
 

@@ -11,15 +11,17 @@ import h11
 import pytest
 import trio
 import trio.testing
+from fixed_views import FixedDebug, fixed_readiness
 from prometheus_client import CollectorRegistry
 
 from dracpu.http import HTTPApp, HTTPLimits, HTTPServer, parse_bind_address, serve_http
 from dracpu.http.server import ListenError
 from dracpu.metrics import DriverMetrics
+from dracpu.nursery import Readiness
 
 
 def make_app() -> HTTPApp:
-    app = HTTPApp(readiness=lambda: {"nri": True})
+    app = HTTPApp(readiness=fixed_readiness({"nri": True}))
     app.mark_started()
     return app
 
@@ -232,8 +234,11 @@ async def test_real_socket_endpoints_and_ephemeral_port() -> None:
     registry = CollectorRegistry()
     metrics = DriverMetrics(registry)
     metrics.set_snapshot(allocated=2, available=10, reserved=0, active=1)
-    ready = {"kubelet-registration": True, "nri": False}
-    app = HTTPApp(registry=registry, readiness=lambda: ready)
+    readiness = Readiness()
+    readiness.declare("kubelet-registration").set_ready()
+    nri = readiness.declare("nri")
+    nri.set_not_ready("")
+    app = HTTPApp(registry=registry, readiness=readiness.view())
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_http, "127.0.0.1", 0, app)
         assert port > 0
@@ -251,7 +256,7 @@ async def test_real_socket_endpoints_and_ephemeral_port() -> None:
         status, _, body = await trio.to_thread.run_sync(fetch, port, "/readyz")
         assert status == 503
         assert body == b"[+] kubelet-registration ok\n[-] nri: not ready\nreadyz check failed\n"
-        ready["nri"] = True
+        nri.set_ready()
         assert (await trio.to_thread.run_sync(fetch, port, "/readyz"))[:3:2] == (200, b"ok")
         assert (await trio.to_thread.run_sync(fetch, port, "/debug/state"))[0] == 404
         assert (await trio.to_thread.run_sync(fetch, port, "/healthz", "POST"))[0] == 405
@@ -283,7 +288,7 @@ async def test_keep_alive_over_a_real_socket() -> None:
 
 async def test_debug_listener_serves_only_debug_state() -> None:
     main = make_app()
-    debug = HTTPApp.debug_only(lambda: {"sharedPool": "0-3", "claims": {}})
+    debug = HTTPApp.debug_only(FixedDebug({"sharedPool": "0-3", "claims": {}}))
     async with trio.open_nursery() as nursery:
         main_port = await nursery.start(serve_http, "127.0.0.1", 0, main)
         host, port = parse_bind_address("127.0.0.1:0")

@@ -137,25 +137,6 @@ async def test_wait_registered_no_reason(autojump_clock: trio.testing.MockClock)
     )
 
 
-async def test_wait_registered_polls_every_second(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
-) -> None:
-    service = RegistrationService(endpoint="/x/dra.sock")
-    done = trio.Event()
-
-    async def wait() -> None:
-        await service.wait_registered()
-        done.set()
-
-    start = trio.current_time()
-    nursery.start_soon(wait)
-    await trio.sleep(3.5)
-    assert not done.is_set()
-    service.record_status(True, "")
-    await done.wait()
-    assert trio.current_time() - start == pytest.approx(4.0)  # the next 1 s poll saw it
-
-
 # -- health ------------------------------------------------------------------------------------
 
 

@@ -16,15 +16,15 @@ from dracpu.nursery import Service, Supervisor, SupervisorStopping, run_daemon
 
 async def test_http_server_under_the_supervisor() -> None:
     sup = Supervisor()
-    sup.require_ready("kubelet-registration", "nri", "slices")
-    app = HTTPApp(readiness=sup.readiness, readiness_reasons=sup.readiness_reasons)
+    flags = [sup.readiness.declare(name) for name in ("kubelet-registration", "nri", "slices")]
+    app = HTTPApp(readiness=sup.readiness.view())
     seen: dict[str, object] = {}
 
     async def startup(s: Supervisor) -> None:
         port = await s.start(Service(name="http", run=partial(serve_http, "127.0.0.1", 0, app)))
         seen["before"] = await trio.to_thread.run_sync(fetch, port, "/readyz")
-        for name in ("kubelet-registration", "nri", "slices"):
-            s.set_ready(name, True)
+        for flag in flags:
+            flag.set_ready()
         app.mark_started()
         seen["after"] = await trio.to_thread.run_sync(fetch, port, "/readyz")
         seen["healthz"] = await trio.to_thread.run_sync(fetch, port, "/healthz")
@@ -58,10 +58,10 @@ async def test_stopped_before_it_started(autojump_clock: trio.testing.MockClock)
         except SupervisorStopping as exc:
             errors.append(str(exc))
 
-    async with trio.open_nursery() as nursery:
+    async with sup.open() as root, trio.open_nursery() as nursery:
         nursery.start_soon(start_it)
         await trio.sleep(1)
-        await sup.stop()
+        await root.stop()
     assert errors == ['service "kubelet" was stopped before it started']
 
 
@@ -70,6 +70,10 @@ async def test_run_daemon_exits_the_process_when_a_service_is_abandoned(
 ) -> None:
     release = trio.Event()
     exits: list[int] = []
+
+    def exit_process(code: int) -> None:
+        exits.append(code)
+        release.set()  # the process would end here
 
     async def stubborn(*, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
@@ -80,10 +84,9 @@ async def test_run_daemon_exits_the_process_when_a_service_is_abandoned(
         await s.start(Service(name="stubborn", run=stubborn))
         s.fail("NRI session lost for good")
 
-    code = await run_daemon(startup, exit_process=exits.append, signal_receiver=no_signals)
+    code = await run_daemon(startup, exit_process=exit_process, signal_receiver=no_signals)
     assert (code, exits) == (1, [1])
     assert trio.current_time() == 5.0
-    release.set()
 
 
 async def test_run_daemon_returns_normally_when_everything_stopped(

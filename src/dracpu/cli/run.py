@@ -7,6 +7,7 @@ then runs until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
 from dracpu.cli.common import CLIError, host_path, parse_root
@@ -92,7 +93,7 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
     from dracpu.config import config_dump_yaml
     from dracpu.daemon.app import Daemon
     from dracpu.k8s.client import K8sError, KubeClient
-    from dracpu.nursery.supervisor import Supervisor, run_daemon
+    from dracpu.nursery.supervisor import Service, Supervisor, run_daemon
 
     log = _configure_logging(explicit)
     config, node_name = _resolve_config(explicit, log)
@@ -108,9 +109,8 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
     async def startup(sup: Supervisor) -> None:
         await daemon.startup(sup)
         # Once ready, what is alive lives as long as the process: out of the collector's way.
-        trio.lowlevel.spawn_system_task(
-            heap.settle_when_ready, lambda: all(daemon.readiness().values())
-        )
+        settle = partial(heap.settle_when_ready, sup.readiness.view())
+        await sup.start(Service(name="heap", run=settle, restart=False))
 
     try:
         code = trio.run(run_daemon, startup)

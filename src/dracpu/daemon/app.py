@@ -33,26 +33,27 @@ from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.hotplug import HotplugWatcher
 from dracpu.daemon.recovery import RecoveryPlan
+from dracpu.daemon.views import DaemonView
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
 from dracpu.http.address import parse_bind_address
 from dracpu.http.app import HTTPApp
 from dracpu.http.server import serve_http
-from dracpu.introspect import topology_document
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu.k8s.nodes import get_node_uid
-from dracpu.k8s.slices import SliceReconciler
+from dracpu.k8s.slices import NOT_PUBLISHED, SliceReconciler
 from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.kubelet.dra import DRAService
 from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
-from dracpu.kubelet.registration import RegistrationError
+from dracpu.kubelet.registration import WAITING_REASON, RegistrationError, RegistrationService
 from dracpu.logs import get_logger
 from dracpu.messages import CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
-from dracpu.nri.session import NRISession
+from dracpu.nri.session import NOT_CONNECTED, NRISession
 from dracpu.nursery.backoff import restart_delay
+from dracpu.nursery.readiness import ReadyFlag
 from dracpu.nursery.supervisor import Service, Supervisor
 from dracpu.state import CheckpointFile, NodeState, read_boot_id
 from dracpu.state.durable import recorded_claim_cpus
@@ -118,89 +119,13 @@ class Daemon:
         self.nothing_to_publish = False
         self.http_port: int | None = None
         self.debug_port: int | None = None
-        self.main_app = HTTPApp(
-            registry=self.registry,
-            readiness=self.readiness,
-            readiness_reasons=self.readiness_reasons,
-        )
+        # Built in startup, around the supervisor's readiness (the daemon's one source).
+        self.main_app: HTTPApp | None = None
+        self._ready: dict[str, ReadyFlag] = {}
+        self.view = DaemonView(self)
         self._failed_send, self._failed_recv = trio.open_memory_channel[CpusetUpdateFailed](256)
         self._verify_send, self._verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
         self.verifier: Verifier | None = None
-
-    # -- readiness and debug state ------------------------------------------------------
-
-    def readiness(self) -> dict[str, bool]:
-        return {
-            READY_REGISTRATION: bool(self.kubelet and self.kubelet.registration.registered),
-            READY_NRI: bool(self.session and self.session.is_synchronized),
-            READY_SLICES: self.nothing_to_publish or bool(self.slices and self.slices.is_published),
-        }
-
-    def readiness_reasons(self) -> dict[str, str]:
-        reasons: dict[str, str] = {}
-        ready = self.readiness()
-        if not ready[READY_REGISTRATION]:
-            error = self.kubelet.registration.last_error if self.kubelet else None
-            reasons[READY_REGISTRATION] = (
-                f"rejected by the kubelet: {error}" if error else "waiting for the kubelet"
-            )
-        if not ready[READY_NRI]:
-            connected = self.session is not None and self.session.connected
-            reasons[READY_NRI] = "not synchronized" if connected else "runtime not connected"
-        if not ready[READY_SLICES]:
-            error = self.slices.last_error if self.slices else None
-            reasons[READY_SLICES] = f"not published: {error}" if error else "not published yet"
-        return reasons
-
-    def debug_state(self) -> dict[str, Any]:
-        """The JSON of ``/debug/state``; also what `dracpu map` draws."""
-        doc: dict[str, Any] = {"node": self.node_name, "ready": self.readiness()}
-        if self.topology is not None:
-            topo = self.topology
-            doc["topology"] = topology_document(topo)
-            doc["summary"] = {
-                "cpus": topo.num_cpus,
-                "cores": topo.num_cores,
-                "sockets": topo.num_sockets,
-                "numaNodes": topo.num_numa_nodes,
-                "l3Caches": topo.num_uncore_caches,
-                "smt": topo.smt_enabled,
-            }
-        if self.state is not None:
-            doc.update(self.state.describe())
-            doc["keptShared"] = self.floor.cpus.format() if self.floor.kept else None
-        if self.checkpoint is not None:
-            doc["checkpoint"] = {
-                "writes": self.checkpoint.writes,
-                "lastError": self.checkpoint.last_error or None,
-            }
-        if self.plugin is not None:
-            doc["containers"] = [
-                {
-                    "id": i.container_id,
-                    "podUID": i.pod_uid,
-                    "name": i.name,
-                    "cpus": i.cpus,
-                    "cgroupsPath": i.cgroups_path,
-                    **({"sandbox": True} if i.sandbox else {}),
-                }
-                for i in self.plugin.intents()
-            ]
-        if self.recovery is not None:
-            doc["recovery"] = {"source": str(self.recovery.source), "notes": self.recovery.notes}
-        if self.watcher is not None:
-            doc["drift"] = self.watcher.state()
-        if self.slices is not None:
-            doc["slices"] = self.slices.status()
-        if self.session is not None:
-            doc["nri"] = self.session.describe()
-        if self.kubelet is not None:
-            reg = self.kubelet.registration
-            doc["registration"] = {"registered": reg.registered, "lastError": reg.last_error}
-            doc["health"] = {"unhealthy": dict(self.kubelet.health.report().unhealthy)}
-        if self.supervisor is not None:
-            doc["services"] = self.supervisor.status()
-        return doc
 
     # -- start-up -----------------------------------------------------------------------
 
@@ -315,10 +240,18 @@ class Daemon:
             debug_host, debug_port = parse_bind_address(cfg.debugAddress)
         except ValueError as exc:
             raise DaemonError(str(exc)) from exc
+        # Services report ready through the supervisor: each holds its component's flag.
+        readiness = sup.readiness
+        self._ready = {
+            READY_REGISTRATION: readiness.declare(READY_REGISTRATION, WAITING_REASON),
+            READY_NRI: readiness.declare(READY_NRI, NOT_CONNECTED),
+            READY_SLICES: readiness.declare(READY_SLICES, NOT_PUBLISHED),
+        }
+        self.main_app = HTTPApp(registry=self.registry, readiness=readiness.view())
         self.http_port = await sup.start(
             Service(name="http", run=partial(serve_http, host, port, self.main_app))
         )
-        debug_app = HTTPApp.debug_only(self.debug_state)
+        debug_app = HTTPApp.debug_only(self.view)
         self.debug_port = await sup.start(
             Service(name="debug-http", run=partial(serve_http, debug_host, debug_port, debug_app))
         )
@@ -376,6 +309,7 @@ class Daemon:
             for service in services:
                 nursery.start_soon(sup.start, service)
         await sup.start(Service(name="slices", run=self._run_slices))
+        assert self.main_app is not None
         self.main_app.mark_started()
         log.info("driver started", node=self.node_name)
 
@@ -400,12 +334,20 @@ class Daemon:
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]
         )
-        self.kubelet = KubeletPlugin(cfg.kubeletRootDir, dra, health, grace_period=GRPC_GRACE)
+        registration = RegistrationService(
+            endpoint=paths.dra_socket,
+            registrar_dir=paths.registrar_dir,
+            ready=self._ready[READY_REGISTRATION],
+        )
+        self.kubelet = KubeletPlugin(
+            cfg.kubeletRootDir, dra, health, registration, grace_period=GRPC_GRACE
+        )
         self.writer = CgroupWriter(cfg.cgroupRoot, metrics=self.metrics)
         self.plugin = NRIPlugin(state)
         self.session = NRISession(
             cfg.nriSocket,
             self.plugin,
+            ready=self._ready[READY_NRI],
             cdi_dir=cfg.cdiDir,
             failed_updates=self._failed_send,
             verify=self._verify_send,
@@ -469,12 +411,14 @@ class Daemon:
             # run stay (a reconciler with nothing desired would delete them).
             log.warning("no devices to publish: every CPU is reserved or none was discovered")
             self.nothing_to_publish = True
+            self._ready[READY_SLICES].set_ready()
             await trio.sleep_forever()
         self.slices = SliceReconciler(
             self.kube,
             node_name=self.node_name,
             desired=desired,
             resync_interval=self.slice_resync if self.slice_resync > 0 else math.inf,
+            ready=self._ready[READY_SLICES],
         )
         await self.slices.run()
 

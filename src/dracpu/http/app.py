@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -19,7 +19,7 @@ from prometheus_client.exposition import choose_encoder
 
 from dracpu.logs import get_logger
 
-__all__ = ["HTTPApp", "Request", "Response"]
+__all__ = ["DebugView", "HTTPApp", "ReadinessSource", "Request", "Response"]
 
 log = get_logger(__name__)
 
@@ -62,32 +62,48 @@ def text_response(status: int, text: str, *, headers: tuple[tuple[str, str], ...
 Handler = Callable[[Request], Response]
 
 
+class ReadinessSource(Protocol):
+    """What ``/readyz`` reads: ``dracpu.nursery.ReadinessView`` (the daemon's one
+    readiness source, read-only)."""
+
+    def components(self) -> Mapping[str, bool]:
+        """Component -> ready."""
+        ...
+
+    def reasons(self) -> Mapping[str, str]:
+        """Component -> why it is not ready ("" or absent: no reason given)."""
+        ...
+
+
+class DebugView(Protocol):
+    """What ``/debug/state`` reads: the daemon's read-only view (``daemon.views``)."""
+
+    def debug_state(self) -> object:
+        """Any value msgspec can encode as JSON (Structs, dicts, lists, strings, numbers)."""
+        ...
+
+
 class HTTPApp:
     """Routes for one listener. An endpoint exists only when what it serves was given:
     ``/metrics`` with ``registry``, ``/readyz`` with ``readiness``, ``/debug/state``
-    with ``debug_state``; ``/healthz`` unless ``healthz=False``. Every route answers
-    ``GET`` and ``HEAD``.
+    with ``debug``; ``/healthz`` unless ``healthz=False``. Every route answers ``GET``
+    and ``HEAD``.
 
-    ``readiness`` returns component → ready; ``readiness_reasons`` (optional) component →
-    why it is not ready, shown by ``/readyz``. ``debug_state`` returns any value msgspec
-    can encode as JSON (Structs, dicts, lists, strings, numbers).
+    ``readiness`` and ``debug`` are read-only views, read once per request; the app
+    never changes what it serves.
     """
 
     def __init__(
         self,
         *,
         registry: CollectorRegistry | None = None,
-        readiness: Callable[[], Mapping[str, bool]] | None = None,
-        readiness_reasons: Callable[[], Mapping[str, str]] | None = None,
-        debug_state: Callable[[], object] | None = None,
+        readiness: ReadinessSource | None = None,
+        debug: DebugView | None = None,
         healthz: bool = True,
     ) -> None:
-        if readiness_reasons is not None and readiness is None:
-            raise ValueError("readiness_reasons needs readiness")
         self._registry = registry
         self._readiness = readiness
-        self._readiness_reasons = readiness_reasons
-        self._debug_state = debug_state
+        self._debug = debug
         self._started = False
         self._routes: dict[str, Handler] = {}
         if healthz:
@@ -96,15 +112,15 @@ class HTTPApp:
             self._routes["/readyz"] = self._readyz
         if registry is not None:
             self._routes["/metrics"] = self._metrics
-        if debug_state is not None:
-            self._routes["/debug/state"] = self._debug
+        if debug is not None:
+            self._routes["/debug/state"] = self._debug_state
         if not self._routes:
             raise ValueError("an HTTPApp needs at least one endpoint")
 
     @classmethod
-    def debug_only(cls, debug_state: Callable[[], object]) -> HTTPApp:
+    def debug_only(cls, debug: DebugView) -> HTTPApp:
         """The app of the debug listener: ``/debug/state`` and nothing else."""
-        return cls(debug_state=debug_state, healthz=False)
+        return cls(debug=debug, healthz=False)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -130,7 +146,7 @@ class HTTPApp:
         try:
             return handler(request)
         except Exception as exc:
-            # A failing callback is a bug elsewhere; the endpoint says so and keeps serving.
+            # A failing view is a bug elsewhere; the endpoint says so and keeps serving.
             log.error("HTTP endpoint failed", path=path, err=exc, stack=True)
             return text_response(500, f"500 internal server error: {path}: {exc}\n")
 
@@ -141,8 +157,8 @@ class HTTPApp:
 
     def _readyz(self, request: Request) -> Response:
         assert self._readiness is not None
-        components = dict(self._readiness())
-        reasons = dict(self._readiness_reasons()) if self._readiness_reasons else {}
+        components = dict(self._readiness.components())
+        reasons = dict(self._readiness.reasons())
         ready = all(components.values())
         query = parse_qs(urlsplit(request.target).query, keep_blank_values=True)
         if ready and "verbose" not in query:
@@ -161,9 +177,9 @@ class HTTPApp:
         encoder, content_type = choose_encoder(request.header("accept") or "")
         return Response(status=200, body=encoder(self._registry), content_type=content_type)
 
-    def _debug(self, request: Request) -> Response:
-        assert self._debug_state is not None
-        state = self._debug_state()
+    def _debug_state(self, request: Request) -> Response:
+        assert self._debug is not None
+        state = self._debug.debug_state()
         try:
             body = msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n"
         except (TypeError, msgspec.EncodeError) as exc:

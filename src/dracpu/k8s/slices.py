@@ -42,6 +42,8 @@ from dracpu.k8s.slice_plan import (
 from dracpu.k8s.slice_watch import Sleep, SliceWatch, WatchDown
 from dracpu.k8s.watch import WatchEvent, WatchStream
 from dracpu.logs import operation
+from dracpu.nursery.pulse import Pulse
+from dracpu.nursery.readiness import ReadyFlag
 
 __all__ = [
     "Plan",
@@ -55,6 +57,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The readiness component the reconciler sets, and what /readyz says before a first sync.
+READY_COMPONENT = "slices"
+NOT_PUBLISHED = "not published yet"
 
 # Why a sync ran, most important first: a sync woken for several reasons counts as the
 # first of them ("resync" when only the interval ran out and the cache could not answer).
@@ -98,6 +104,7 @@ class SliceReconciler:
         sleep: Sleep | None = None,
         watch_idle_timeout: float | None = 180.0,
         reconnect_spread: float = 5.0,
+        ready: ReadyFlag | None = None,
     ) -> None:
         if not resync_interval > 0:
             raise ValueError(f"resync interval must be > 0 seconds, got {resync_interval}")
@@ -128,6 +135,8 @@ class SliceReconciler:
         self.watch_connected = False
         self.watch_stream: WatchStream | None = None  # the newest watch request's handle
         self.converged = trio.Event()
+        # The daemon's "slices" readiness: ready from the first converged sync on.
+        self.ready = ready or ReadyFlag.standalone(READY_COMPONENT, NOT_PUBLISHED)
         # The parts check their own settings (the backoff's, then the watch's), which
         # they read once, here.
         self._retry_delays = RetryDelays(backoff_base, backoff_cap, self._rand)
@@ -151,7 +160,7 @@ class SliceReconciler:
         self._wake_reasons: set[str] = set()
         self._syncs_started = 0
         self._syncs_done = 0
-        self._sync_done = trio.Event()
+        self._sync_done = Pulse()
 
     @property
     def field_selector(self) -> str:
@@ -179,8 +188,7 @@ class SliceReconciler:
     async def wait_next_sync(self) -> None:
         """Return after a sync that started after this call has succeeded."""
         target = self._syncs_started + 1
-        while self._syncs_done < target:
-            await self._sync_done.wait()
+        await self._sync_done.wait_until(lambda: self._syncs_done >= target)
 
     @property
     def watch_streaming(self) -> bool:
@@ -312,12 +320,14 @@ class SliceReconciler:
         except K8sError as exc:
             self.errors += 1
             self.last_error = str(exc)
+            if not self.converged.is_set():
+                self.ready.set_not_ready(f"not published: {exc}")
             return exc
         self.last_error = None
         self._syncs_done = self._syncs_started
         self.converged.set()
-        done, self._sync_done = self._sync_done, trio.Event()
-        done.set()
+        self.ready.set_ready()
+        self._sync_done.fire()
         return None
 
     async def _relist_for_watch(self) -> str | None:

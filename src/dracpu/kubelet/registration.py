@@ -3,9 +3,12 @@ protocols.md §2).
 
 ``GetInfo`` answers with the same name, endpoint and versions for the plugin's whole life
 (the kubelet's connection monitor keeps calling it). ``NotifyRegistrationStatus`` is
-remembered; a rejection is answered with ``failed registration process: <error>``.
-``wait_registered`` is the start-up wait of §7: poll the stored status every second until
-the kubelet accepted the plugin or the timeout passed.
+remembered and sets the ``kubelet-registration`` readiness component (``ready``, the
+daemon's one readiness source); a rejection is answered with ``failed registration
+process: <error>``. ``wait_registered`` is the start-up wait of §7: it sleeps until the
+kubelet's answer that accepts the plugin, or the timeout. Upstream polls its stored status
+every second (kubeletplugin's ``wait.PollUntilContextTimeout``); here the answer itself
+wakes the waiter, so the wait ends at that moment, with the same timeout message.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from grpclib.exceptions import GRPCError
 
 from dracpu import DRIVER_NAME
 from dracpu.gofmt import go_quote
+from dracpu.nursery.readiness import ReadyFlag
 from dracpu.proto.pluginregistration import api_grpc as reg_grpc
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
 
 __all__ = [
     "PLUGIN_TYPE",
+    "READY_COMPONENT",
     "SUPPORTED_VERSIONS",
+    "WAITING_REASON",
     "RegistrationError",
     "RegistrationService",
 ]
@@ -42,7 +48,9 @@ SUPPORTED_VERSIONS = (
     "v1.DRAResourceHealth",
 )
 REGISTRATION_TIMEOUT = 30.0
-POLL_INTERVAL = 1.0
+# The readiness component this service sets, and what /readyz says before any answer.
+READY_COMPONENT = "kubelet-registration"
+WAITING_REASON = "waiting for the kubelet"
 # What Go's wait.PollUntilContextTimeout reports when it gives up.
 _TIMEOUT_ERROR = "context deadline exceeded"
 
@@ -52,7 +60,9 @@ class RegistrationError(Exception):
 
 
 class RegistrationService(reg_grpc.RegistrationBase):
-    """The registration socket's service; also the readiness source for registration."""
+    """The registration socket's service; it reports the plugin's registration to
+    ``ready``, the ``kubelet-registration`` component of the daemon's readiness (one of
+    its own when none is given)."""
 
     def __init__(
         self,
@@ -61,11 +71,13 @@ class RegistrationService(reg_grpc.RegistrationBase):
         driver_name: str = DRIVER_NAME,
         supported_versions: Sequence[str] = SUPPORTED_VERSIONS,
         registrar_dir: str = "",
+        ready: ReadyFlag | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.driver_name = driver_name
         self.supported_versions = tuple(supported_versions)
         self.registrar_dir = registrar_dir
+        self.ready = ready or ReadyFlag.standalone(READY_COMPONENT, WAITING_REASON)
         self.registered = False
         self.status_received = False
         self.last_error: str | None = None
@@ -79,10 +91,12 @@ class RegistrationService(reg_grpc.RegistrationBase):
         )
 
     def record_status(self, registered: bool, error: str) -> None:
-        """Remember what the kubelet said; a new rejection reason is logged."""
+        """Remember what the kubelet said and report it as readiness (waking
+        ``wait_registered``); a new rejection reason is logged."""
         self.status_received = True
         self.registered = registered
         if registered:
+            self.ready.set_ready()
             log.info("kubelet registered the plugin endpoint=%s", self.endpoint)
             return
         if error and error != self.last_error:
@@ -95,6 +109,9 @@ class RegistrationService(reg_grpc.RegistrationBase):
             else:
                 log.warning("kubelet rejected the plugin: %s", error)
             self.last_error = error
+        self.ready.set_not_ready(
+            f"rejected by the kubelet: {self.last_error}" if self.last_error else WAITING_REASON
+        )
 
     async def GetInfo(self, stream: Any) -> None:
         await stream.recv_message()
@@ -124,12 +141,10 @@ class RegistrationService(reg_grpc.RegistrationBase):
             f"{self.registrar_dir}: {_TIMEOUT_ERROR}"
         )
 
-    async def wait_registered(
-        self, timeout: float = REGISTRATION_TIMEOUT, *, poll_interval: float = POLL_INTERVAL
-    ) -> None:
-        """Return once the kubelet accepted the plugin; RegistrationError after ``timeout``."""
-        deadline = trio.current_time() + timeout
-        while not self.registered:
-            if trio.current_time() >= deadline:
-                raise RegistrationError(self.timeout_message())
-            await trio.sleep(min(poll_interval, max(0.0, deadline - trio.current_time())))
+    async def wait_registered(self, timeout: float = REGISTRATION_TIMEOUT) -> None:
+        """Return once the kubelet accepted the plugin (at once if it has), woken by the
+        answer itself; ``RegistrationError`` after ``timeout`` seconds without one."""
+        with trio.move_on_after(timeout):
+            await self.ready.wait_ready()
+            return
+        raise RegistrationError(self.timeout_message())

@@ -55,6 +55,8 @@ from dracpu.nri.ttrpc import (
     unimplemented_service,
 )
 from dracpu.nursery.backoff import restart_delay
+from dracpu.nursery.pulse import Pulse
+from dracpu.nursery.readiness import ReadyFlag
 from dracpu.proto.nri import api_pb2
 
 __all__ = ["NRISession", "SessionState"]
@@ -82,6 +84,12 @@ class SessionState(StrEnum):
     CONNECTED = "connected"
     REGISTERED = "registered"
     SYNCHRONIZED = "synchronized"
+
+
+# The readiness component the session sets, and its reasons (what /readyz shows).
+READY_COMPONENT = "nri"
+NOT_CONNECTED = "runtime not connected"
+NOT_SYNCHRONIZED = "not synchronized"
 
 
 def _read_cdi_claims(cdi_dir: str | None) -> Mapping[str, CPUSet]:
@@ -112,6 +120,7 @@ class NRISession:
         registration_timeout: float = 5.0,
         update_timeout: float = 2.0,
         rand: Callable[[], float] | None = None,
+        ready: ReadyFlag | None = None,
     ) -> None:
         if not _NAME_RE.fullmatch(plugin_name):
             raise ValueError(f"invalid NRI plugin name {plugin_name!r}: use [A-Za-z0-9_.+-]")
@@ -133,7 +142,9 @@ class NRISession:
         self._update_timeout = update_timeout
         self._rand = rand or random.Random().random
         self.state = SessionState.DISCONNECTED
-        self._state_changed = trio.Event()
+        # Synchronized or not is the daemon's "nri" readiness, set with every state change.
+        self.ready = ready or ReadyFlag.standalone(READY_COMPONENT, NOT_CONNECTED)
+        self._state_changed = Pulse()
         self._peer: MuxPeer | None = None
         self._handlers = PluginHandlers(plugin)
         self.sessions = 0
@@ -141,8 +152,13 @@ class NRISession:
     # -- lifecycle ------------------------------------------------------------------------
     def _enter(self, state: SessionState) -> None:
         self.state = state
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        if state is SessionState.SYNCHRONIZED:
+            self.ready.set_ready()
+        elif state is SessionState.DISCONNECTED:
+            self.ready.set_not_ready(NOT_CONNECTED)
+        else:
+            self.ready.set_not_ready(NOT_SYNCHRONIZED)
+        self._state_changed.fire()
 
     @property
     def is_synchronized(self) -> bool:
@@ -179,8 +195,7 @@ class NRISession:
 
     async def wait_synchronized(self) -> None:
         """Return once a session is synchronized (at once if one is now)."""
-        while not self.is_synchronized:
-            await self._state_changed.wait()
+        await self._state_changed.wait_until(lambda: self.is_synchronized)
 
     # -- the reconnect loop -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,7 +1,10 @@
-"""The daemon's root supervisor (ARCHITECTURE.md principle 3): services started in order,
-restarted with backoff when they crash, readiness, and shutdown on SIGTERM/SIGINT."""
+"""The daemon's root supervisor (ARCHITECTURE.md principle 3): services started in order as
+children of one root nursery, restarted with backoff when they crash, one readiness source,
+and shutdown on SIGTERM/SIGINT."""
 
 from dracpu.nursery.backoff import restart_delay
+from dracpu.nursery.pulse import Pulse
+from dracpu.nursery.readiness import Readiness, ReadinessView, ReadyFlag
 from dracpu.nursery.service import (
     Service,
     ServiceBlocked,
@@ -19,6 +22,10 @@ from dracpu.nursery.supervisor import (
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
+    "Pulse",
+    "Readiness",
+    "ReadinessView",
+    "ReadyFlag",
     "Service",
     "ServiceBlocked",
     "ServiceFailed",

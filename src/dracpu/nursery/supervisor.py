@@ -1,7 +1,8 @@
 """The root supervisor: starts the daemon's services in order, restarts the ones that crash,
-keeps a readiness registry, and shuts everything down on SIGTERM/SIGINT or a fatal error.
+holds the readiness source, and shuts everything down on SIGTERM/SIGINT or a fatal error.
 
-Each service runs in a task of its own (a Trio system task) inside its own cancel scope:
+Every service is a child task of one root nursery (``open``; ``run_until_signal`` opens
+it) and runs in a cancel scope of its own:
 
 - ``await supervisor.start(service)`` returns once the service called
   ``task_status.started()`` (with that value), so the caller writes the start order as
@@ -10,24 +11,31 @@ Each service runs in a task of its own (a Trio system task) inside its own cance
 - A crash after that is logged with the exception and the service alone is restarted
   after ``restart_delay``; the others never notice. A ``ServiceBlocked`` (a port another
   process holds) is not a crash: it is one line per attempt, without a traceback.
-- ``stop()`` cancels services in reverse start order and gives each its grace period to
-  finish its cleanup (remove sockets, answer in-flight RPCs, usually in shielded
-  sections). A service still running after that is *abandoned*: it is named in
-  ``abandoned`` and the supervisor stops waiting for it. That is why services are system
-  tasks rather than children of a nursery: a nursery cannot stop waiting for a child. The
-  daemon's entry point then exits with ``os._exit`` instead of waiting at the end of
-  ``trio.run``.
+- A service's scope is shielded from cancellation from outside: only ``stop()`` cancels
+  it, so however the root is left (a signal, a fatal error, the caller cancelled), the
+  services stop in reverse start order, each given its grace period to finish its cleanup
+  (remove sockets, answer in-flight RPCs, usually in bounded shielded sections).
+- Nothing a service does may keep cancellation from reaching it for longer than that:
+  blocking calls that can hang run in worker threads with ``abandon_on_cancel=True``
+  where leaving the thread behind is safe, and commit sections that must finish are
+  shielded with a bound. A service that is still running after its grace period anyway
+  is a bug; it is named in ``abandoned`` and logged, the others are still stopped, and
+  ``run_daemon`` ends the process (``os._exit``) instead of waiting for it, so the pod's
+  termination grace is kept.
+
+Readiness (``readiness``) is the daemon's one source: services set their component
+through a ``ReadyFlag``, and a crashed service's component is marked down until it sets it
+again.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -36,6 +44,7 @@ import trio
 from dracpu.gofmt import go_quote
 from dracpu.logs import get_logger
 from dracpu.nursery.backoff import restart_delay
+from dracpu.nursery.readiness import Readiness
 from dracpu.nursery.service import (
     Service,
     ServiceBlocked,
@@ -96,7 +105,9 @@ class _Entry:
     start_value: object = None
     started: bool = False
     start_error: str | None = None
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # Shielded: only stop() cancels a service, whatever happens to the scopes around
+    # the root nursery, so the stop order and grace periods always hold.
+    scope: trio.CancelScope = field(default_factory=lambda: trio.CancelScope(shield=True))
     first_outcome: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -130,10 +141,11 @@ class _TaskStatus:
 
 
 class Supervisor:
-    """The daemon's root: service table, restart policy, readiness and signals.
+    """The daemon's root: the services' nursery, restart policy, readiness and signals.
 
     ``rand`` (values in ``[0, 1)``) drives the backoff jitter, so tests can seed it; time
-    comes from Trio's clock, so ``MockClock`` drives every delay.
+    comes from Trio's clock, so ``MockClock`` drives every delay. ``readiness`` is the
+    daemon's readiness source (a fresh one unless given).
     """
 
     def __init__(
@@ -141,14 +153,15 @@ class Supervisor:
         *,
         rand: Callable[[], float] | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
+        readiness: Readiness | None = None,
     ) -> None:
         if not grace_period >= 0:
             raise ValueError(f"grace_period must be >= 0, got {grace_period}")
         self.grace_period = grace_period
+        self.readiness = readiness if readiness is not None else Readiness()
         self._rand = rand or random.Random().random
         self._entries: dict[str, _Entry] = {}
-        self._ready: dict[str, bool] = {}
-        self._ready_reasons: dict[str, str] = {}
+        self._nursery: trio.Nursery | None = None
         self._stop_requested = trio.Event()
         self._stopping = False
         self._hurry = False
@@ -156,29 +169,52 @@ class Supervisor:
         self.stop_reason = ""
         self.fatal_error: str | None = None
         self.abandoned: list[str] = []
+        # Set when stop() is over with services in ``abandoned`` still running.
+        self.left_running = trio.Event()
         self.startup_complete = trio.Event()
         self.signal_received: int | None = None
+
+    # -- the root nursery ----------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Supervisor]:
+        """The root nursery: services ``start``ed inside the block are its children.
+        Leaving the block (normally, by an error, or cancelled) ``stop``s them all, in
+        reverse start order, then waits for them, as a nursery does."""
+        if self._nursery is not None:
+            raise RuntimeError("the supervisor's root nursery is already open")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                yield self
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.stop()
+                # What else runs in the root (the signal watcher, a start-up still
+                # waiting) ends here; the services' own scopes were cancelled above.
+                nursery.cancel_scope.cancel()
 
     # -- services ------------------------------------------------------------------------
 
     async def start(self, service: Service) -> Any:
-        """Start ``service`` and wait until it called ``task_status.started(value)``;
-        return that value. Raises ``ServiceFailed`` if it failed for good first."""
+        """Start ``service`` in the root nursery and wait until it called
+        ``task_status.started(value)``; return that value. Raises ``ServiceFailed`` if it
+        failed for good first."""
         if self._stopping:
             raise SupervisorStopping(
                 f"cannot start service {go_quote(service.name)}: the supervisor is stopping"
+            )
+        if self._nursery is None:
+            raise RuntimeError(
+                f"cannot start service {go_quote(service.name)}: the supervisor's root "
+                "nursery is not open (run_until_signal or `async with supervisor.open()`)"
             )
         if service.name in self._entries:
             raise ValueError(f"service {go_quote(service.name)} is already supervised")
         entry = _Entry(service)
         self._entries[service.name] = entry
         log.info("starting service", v=2, service=service.name)
-        trio.lowlevel.spawn_system_task(
-            self._host,
-            entry,
-            name=f"dracpu.service.{service.name}",
-            context=contextvars.copy_context(),
-        )
+        self._nursery.start_soon(self._host, entry, name=f"dracpu.service.{service.name}")
         await entry.first_outcome.wait()
         if entry.state == "failed" and entry.start_error is not None:
             raise ServiceFailed(service.name, entry.start_error)
@@ -193,12 +229,14 @@ class Supervisor:
         return {name: entry.status() for name, entry in self._entries.items()}
 
     async def _host(self, entry: _Entry) -> None:
+        """One service's task in the root nursery. Never raises: a service's error is its
+        own (logged, restarted or given up), and must not cancel its siblings."""
         try:
             with entry.scope:
                 await self._supervise(entry)
         except BaseException as exc:
             if _has_cancelled(exc):
-                raise  # the whole run is ending
+                raise  # not ours (the scope is shielded); the nursery's to handle
             # Raised while stopping: nothing to restart, but it is worth a line.
             entry.last_error = describe_error(exc)
             log.error("service failed while stopping", service=entry.service.name, err=exc)
@@ -223,7 +261,11 @@ class Supervisor:
                     entry.failures_in_row = 0
                 entry.failures_in_row += 1
                 entry.last_error = describe_error(exc)
-                self._mark_component_down(service.name, entry.last_error)
+                # Its own component (same name), if it has one, is not ready until the
+                # restarted service says so again.
+                self.readiness.mark_down(
+                    service.name, f"restarting after crash: {entry.last_error}"
+                )
                 if not self._may_restart(entry):
                     self._give_up(entry, exc, started=task_status.called)
                     return
@@ -289,41 +331,6 @@ class Supervisor:
         if service.critical:
             self.fail(error)
 
-    # -- readiness -----------------------------------------------------------------------
-
-    def require_ready(self, *names: str, reason: str = "not ready yet") -> None:
-        """Declare components that must report ready before ``ready`` is true."""
-        for name in names:
-            if name not in self._ready:
-                self._ready[name] = False
-                self._ready_reasons[name] = reason
-
-    def set_ready(self, name: str, ready: bool, reason: str = "") -> None:
-        """Record a component's readiness (declaring it if new); ``reason`` says why it is
-        not ready and is shown by ``/readyz``."""
-        if ready != self._ready.get(name):
-            log.info("readiness changed", v=2, component=name, ready=ready, reason=reason)
-        self._ready[name] = ready
-        self._ready_reasons[name] = "" if ready else (reason or "not ready")
-
-    def readiness(self) -> dict[str, bool]:
-        return dict(self._ready)
-
-    def readiness_reasons(self) -> dict[str, str]:
-        """Why each not-ready component is not ready (empty string when it is)."""
-        return dict(self._ready_reasons)
-
-    @property
-    def ready(self) -> bool:
-        """All declared components are ready (and none is, vacuously, when none exist)."""
-        return all(self._ready.values())
-
-    def _mark_component_down(self, name: str, error: str) -> None:
-        # A crashed service's own component (same name), if it has one, is not ready
-        # until the restarted service says so again.
-        if name in self._ready:
-            self.set_ready(name, False, f"restarting after crash: {error}")
-
     # -- stopping ------------------------------------------------------------------------
 
     def request_stop(self, reason: str) -> None:
@@ -361,11 +368,18 @@ class Supervisor:
                 log.error("service did not stop; abandoning it", service=name, grace=grace)
             else:
                 log.info("service stopped", v=2, service=name)
+        if self.abandoned:
+            self.left_running.set()
 
     def _hurry_stop(self) -> None:
         self._hurry = True
         if self._current_wait is not None:
             self._current_wait.cancel()
+
+    @property
+    def exit_code(self) -> int:
+        """1 after a fatal error, else 0."""
+        return 0 if self.fatal_error is None else 1
 
     # -- the daemon's main loop ----------------------------------------------------------
 
@@ -376,30 +390,27 @@ class Supervisor:
         signals: tuple[int, ...] = DEFAULT_SIGNALS,
         signal_receiver: SignalReceiver = trio.open_signal_receiver,
     ) -> int:
-        """Run ``startup(self)`` (which ``start``s the services in order), then serve until
-        a signal (exit code 0), a fatal error (1) or ``request_stop``; then ``stop``.
+        """Open the root nursery, run ``startup(self)`` in it (which ``start``s the
+        services in order), then serve until a signal (exit code 0), a fatal error (1) or
+        ``request_stop``; then ``stop``.
 
         A second signal while stopping stops waiting for the remaining services.
         ``signal_receiver`` is ``trio.open_signal_receiver`` or a test double with its
         shape.
         """
         startup_scope = trio.CancelScope()
-        try:
-            with signal_receiver(*signals) as received:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_signals, received)
-                    nursery.start_soon(self._run_startup, startup, startup_scope)
+        with signal_receiver(*signals) as received:
+            async with self.open() as root:
+                assert root._nursery is not None
+                root._nursery.start_soon(self._watch_signals, received)
+                root._nursery.start_soon(self._run_startup, startup, startup_scope)
+                try:
                     await self._stop_requested.wait()
+                finally:
                     startup_scope.cancel()
-                    await self.stop()
-                    nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.stop()
         if self.fatal_error is not None:
             log.error("failed to run", err=self.fatal_error)
-            return 1
-        return 0
+        return self.exit_code
 
     async def _run_startup(
         self, startup: Callable[[Supervisor], Awaitable[object]], scope: trio.CancelScope
@@ -433,17 +444,26 @@ async def run_daemon(
     exit_process: Callable[[int], object] = os._exit,
     signal_receiver: SignalReceiver = trio.open_signal_receiver,
 ) -> int:
-    """The daemon's async main: ``run_until_signal``, and when a service had to be
-    abandoned, flush the logs and leave the process with ``exit_process(code)`` right
-    away, because ``trio.run`` would otherwise wait for that task forever."""
+    """The daemon's async main: ``run_until_signal``. When stopping left a service
+    running past its grace period (a bug: something kept cancellation out), flush the logs
+    and leave the process with ``exit_process(code)`` at that moment: the root nursery
+    would otherwise wait for that task for ever."""
     sup = supervisor or Supervisor()
-    code = await sup.run_until_signal(startup, signal_receiver=signal_receiver)
-    if sup.abandoned:
-        log.error("exiting with services still running", services=",".join(sup.abandoned))
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        exit_process(code)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_exit_when_left_running, sup, exit_process)
+        code = await sup.run_until_signal(startup, signal_receiver=signal_receiver)
+        nursery.cancel_scope.cancel()
     return code
+
+
+async def _exit_when_left_running(sup: Supervisor, exit_process: Callable[[int], object]) -> None:
+    await sup.left_running.wait()
+    if sup.fatal_error is not None:
+        log.error("failed to run", err=sup.fatal_error)
+    log.error("exiting with services still running", services=",".join(sup.abandoned))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    exit_process(sup.exit_code)
 
 
 def _signal_name(signum: int) -> str:
