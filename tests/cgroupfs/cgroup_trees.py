@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import trio
+
+from dracpu.cgroupfs.drift import DriftReport
+from dracpu.cgroupfs.watcher import DriftWatcher
+from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 
 
@@ -51,3 +57,72 @@ def intent(cid: str, pod: str = "p1", cpus: str = "0-1", mems: str = "") -> Cont
         pod_uid=pod,
         name=f"ctr-{cid}",
     )
+
+
+class FakeView:
+    """An ``IntentView`` over plain data the test changes at will.
+
+    ``on_list`` (optional) runs right after the drift watcher took the list of intents,
+    so a test can move the owner on while the check reads. ``asked`` records the ids of
+    each ``still_wanted`` question, in order.
+    """
+
+    def __init__(
+        self,
+        intents: Iterable[ContainerIntent] = (),
+        pool: str = "",
+        *,
+        synchronized: bool = True,
+        on_list: Callable[[], None] | None = None,
+    ) -> None:
+        self.owner = {i.container_id: i for i in intents}
+        self.pool = pool
+        self.synchronized = synchronized
+        self.on_list = on_list
+        self.asked: list[list[str]] = []
+
+    def set(self, intents: Iterable[ContainerIntent]) -> None:
+        self.owner = {i.container_id: i for i in intents}
+
+    def intents(self) -> list[ContainerIntent]:
+        listed = list(self.owner.values())
+        if self.on_list is not None:
+            self.on_list()
+        return listed
+
+    def intents_of(self, ids: Iterable[str]) -> dict[str, ContainerIntent]:
+        return {i: self.owner[i] for i in ids if i in self.owner}
+
+    def still_wanted(self, intents: Iterable[ContainerIntent]) -> list[ContainerIntent]:
+        asked = list(intents)
+        self.asked.append([i.container_id for i in asked])
+        current = self.intents_of(i.container_id for i in asked)
+        return [
+            i
+            for i in asked
+            if (c := current.get(i.container_id)) is not None
+            and c.cpus == i.cpus
+            and (not i.mems or c.mems == i.mems)
+        ]
+
+    @property
+    def shared_pool(self) -> CPUSet:
+        return CPUSet.parse(self.pool)
+
+    @property
+    def has_synchronized(self) -> bool:
+        return self.synchronized
+
+
+async def check_with_writer(watcher: DriftWatcher, view: FakeView) -> DriftReport:
+    """One drift check with its writer task running, as in the daemon."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watcher.writer.run, view)
+        report = await watcher.check()
+        nursery.cancel_scope.cancel()
+    return report
+
+
+def check(watcher: DriftWatcher, view: FakeView) -> DriftReport:
+    """:func:`check_with_writer` from a synchronous test."""
+    return trio.run(check_with_writer, watcher, view)

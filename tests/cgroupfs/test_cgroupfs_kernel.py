@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import trio
+from cgroup_trees import FakeView, check
 from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.paths import detect_layout
 from dracpu.cgroupfs.watcher import DriftWatcher
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, FallbackResult, write_cgroup_file
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, write_cgroup_file
 from dracpu.cpuset import CPUSet
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -137,20 +138,12 @@ async def test_fallback_pins_a_real_process(kernel_pod: KernelPod) -> None:
     first, last = kernel_pod.cpus[0], kernel_pod.cpus[-1]
     registry = CollectorRegistry()
     writer = CgroupWriter(CGROUP_ROOT, metrics=DriverMetrics(registry))
-    failed_send, failed_recv = trio.open_memory_channel[CpusetUpdateFailed](4)
-    result_send, result_recv = trio.open_memory_channel[FallbackResult](4)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(writer.run_fallback, failed_recv, result_send)
-        async with failed_send:
-            for cpu in (last, first):
-                message = CpusetUpdateFailed(
-                    intent=kernel_pod.intent(str(cpu)), reason="NRI session down"
-                )
-                await failed_send.send(message)
-                assert await result_recv.receive() == FallbackResult(
-                    container_id=kernel_pod.cid, cpus=str(cpu), ok=True
-                )
-                assert allowed_cpus(kernel_pod.pid) == CPUSet([cpu])
+    for cpu in (last, first):
+        want = kernel_pod.intent(str(cpu))
+        failed = (CpusetUpdateFailed(intent=want, reason="NRI session down"),)
+        message = VerifyCpusets(intents=(want,), cause="pool", failed=failed)
+        assert await writer.verify(message, FakeView([want])) == [kernel_pod.cid]
+        assert allowed_cpus(kernel_pod.pid) == CPUSet([cpu])
     ok = registry.get_sample_value(
         "dracpu_cgroup_fallback_writes_total", {"result": "success", "cause": "runtime-reported"}
     )
@@ -191,11 +184,10 @@ def test_kernel_rejections_name_file_and_errno(kernel_pod: KernelPod) -> None:
     assert allowed_cpus(kernel_pod.pid) == CPUSet(kernel_pod.cpus)
 
 
-def _watcher(kernel_pod: KernelPod, intents: list[ContainerIntent], pool: str) -> DriftWatcher:
+def _watcher(kernel_pod: KernelPod, view: FakeView) -> DriftWatcher:
     return DriftWatcher(
         CgroupWriter(CGROUP_ROOT),
-        lambda: intents,
-        lambda: pool,
+        view,
         # Only the test's own tree: never the host's real kubepods.
         container_roots=(f"{kernel_pod.base.name}/kubepods",),
     )
@@ -204,12 +196,13 @@ def _watcher(kernel_pod: KernelPod, intents: list[ContainerIntent], pool: str) -
 def test_watcher_repairs_drift_on_the_kernel(kernel_pod: KernelPod) -> None:
     first, last = kernel_pod.cpus[0], kernel_pod.cpus[-1]
     want = kernel_pod.intent(str(last))
-    watcher = _watcher(kernel_pod, [want], str(first))
+    view = FakeView([want], str(first))
+    watcher = _watcher(kernel_pod, view)
     assert CgroupWriter(CGROUP_ROOT).write(want).ok
     # Behind dracpu's back, as a runtime or an operator might.
     write_cgroup_file(str(kernel_pod.leaf / "cpuset.cpus"), ",".join(map(str, kernel_pod.cpus)))
     assert allowed_cpus(kernel_pod.pid) == CPUSet(kernel_pod.cpus)
-    report = watcher.check_once()
+    report = check(watcher, view)
     expected_drift = 1 if len(kernel_pod.cpus) > 1 else 0
     assert (report.checked, report.drifted, report.repaired) == (1, expected_drift, expected_drift)
     assert report.errors == 0
@@ -220,7 +213,8 @@ def test_watcher_confines_an_unknown_container(kernel_pod: KernelPod) -> None:
     first = kernel_pod.cpus[0]
     known = kernel_pod.intent(",".join(map(str, kernel_pod.cpus)))
     stray_dir, stray_pid = kernel_pod.add_container("stray")
-    report = _watcher(kernel_pod, [known], str(first)).check_once()
+    view = FakeView([known], str(first))
+    report = check(_watcher(kernel_pod, view), view)
     expected = 1 if len(kernel_pod.cpus) > 1 else 0
     assert (report.unknown_found, report.unknown_confined, report.errors) == (expected, expected, 0)
     assert allowed_cpus(stray_pid) == CPUSet([first])
@@ -233,10 +227,12 @@ async def test_watcher_wakes_on_kernel_inotify(kernel_pod: KernelPod) -> None:
     if first == last:
         pytest.skip("needs two CPUs to drift")
     want = kernel_pod.intent(str(last))
-    watcher = _watcher(kernel_pod, [want], str(first))
+    view = FakeView([want], str(first))
+    watcher = _watcher(kernel_pod, view)
     watcher.interval = 3600.0
     watcher.settle = 0.01
     async with trio.open_nursery() as nursery:
+        await nursery.start(watcher.writer.run, view)
         await nursery.start(watcher.run)
         with trio.fail_after(10):
             while watcher.state().watched_dirs == 0:  # first check done, watches set

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cgroup_trees import FakeView, check
 
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
@@ -34,7 +35,8 @@ def test_writer_and_watcher_on_the_simulator_tree(tmp_path: Path, version: int) 
     # The simulator (like runc) then changes b behind dracpu's back; the watcher repairs it
     # and confines the container nobody told dracpu about.
     intents = [_intent("u1", "a", "6-7"), _intent("u1", "b", "2-3")]
-    report = DriftWatcher(writer, lambda: intents, lambda: "0-5").check_once()
+    view = FakeView(intents, "0-5")
+    report = check(DriftWatcher(writer, view), view)
     assert (report.drifted, report.repaired, report.unknown_confined) == (1, 1, 1)
     assert sim.read("/kubepods/podu1/b") == "2-3"
     assert sim.read("/kubepods/podu1/stray") == "0-5"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 import pytest
 import trio
 import trio.testing
-from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
+from cgroup_trees import FakeView, check, intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.drift import DriftReport, container_id_of, find_drift, is_container_dir
@@ -20,6 +21,26 @@ from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
+
+
+class TreeView(FakeView):
+    """The owner's view of a ``Tree``: its ``intents`` and ``pool`` as they are now."""
+
+    def __init__(self, tree: Tree) -> None:
+        super().__init__()
+        self.tree = tree
+
+    def intents(self) -> list[ContainerIntent]:
+        self.set(self.tree.intents)
+        return super().intents()
+
+    def intents_of(self, ids: Iterable[str]) -> dict[str, ContainerIntent]:
+        self.set(self.tree.intents)
+        return super().intents_of(ids)
+
+    @property
+    def shared_pool(self) -> CPUSet:
+        return CPUSet.parse(self.tree.pool)
 
 
 class Tree:
@@ -35,18 +56,22 @@ class Tree:
         self.pool = "2-7"
         self.registry = CollectorRegistry()
         self.metrics = DriverMetrics(self.registry)
+        self.view = TreeView(self)
 
     def leaf(self, i: int) -> Path:
         return self.h / self.intents[i].cgroups_path.lstrip("/")
 
-    def watcher(self, **kwargs: object) -> DriftWatcher:
+    def watcher(self, *, offload: bool = True, **kwargs: object) -> DriftWatcher:
         return DriftWatcher(
-            CgroupWriter(str(self.root)),
-            lambda: self.intents,
-            lambda: self.pool,
+            CgroupWriter(str(self.root), offload=offload),
+            self.view,
             metrics=self.metrics,
+            offload=offload,
             **kwargs,  # type: ignore[arg-type]
         )
+
+    def check(self, watcher: DriftWatcher) -> DriftReport:
+        return check(watcher, self.view)
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -101,11 +126,11 @@ def test_interval_must_be_positive(tmp_path: Path) -> None:
         Tree(tmp_path).watcher(interval=0)
 
 
-# -- check_once ---------------------------------------------------------------------------
+# -- one check -----------------------------------------------------------------------------
 def test_clean_tree_has_no_drift(tmp_path: Path) -> None:
     tree = Tree(tmp_path)
     w = tree.watcher()
-    report = w.check_once()
+    report = tree.check(w)
     assert report == DriftReport(checked=3)
     assert w.last_report is report
     assert tree.sample("dracpu_cgroup_drifted_containers") == 0
@@ -116,7 +141,7 @@ def test_drift_is_repaired_and_counted(tmp_path: Path) -> None:
     (tree.leaf(1) / "cpuset.cpus").write_text("0-7\n")
     (tree.leaf(3) / "cpuset.cpus").write_text("5\n")
     w = tree.watcher()
-    report = w.check_once()
+    report = tree.check(w)
     assert (report.checked, report.drifted, report.repaired, report.errors) == (4, 2, 2, 0)
     assert read(tree.leaf(1) / "cpuset.cpus") == "0-1"
     assert read(tree.leaf(3) / "cpuset.cpus") == "0-1"
@@ -125,7 +150,7 @@ def test_drift_is_repaired_and_counted(tmp_path: Path) -> None:
     fallback = "dracpu_cgroup_fallback_writes_total"
     assert tree.sample(fallback, result="success", cause="drift") == 2
     assert tree.sample(fallback, result="success", cause="verify-mismatch") == 0
-    again = w.check_once()
+    again = tree.check(w)
     assert (again.drifted, again.repaired) == (0, 0)
     assert tree.sample("dracpu_cgroup_drifted_containers") == 0
 
@@ -134,7 +159,7 @@ def test_intent_change_is_applied_as_drift(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=2)
     w = tree.watcher()
     tree.intents[0] = intent("c0", pod="u0", cpus="6-7")
-    report = w.check_once()
+    report = tree.check(w)
     assert (report.drifted, report.repaired) == (1, 1)
     assert read(tree.leaf(0) / "cpuset.cpus") == "6-7"
 
@@ -144,7 +169,7 @@ def test_vanished_container_is_missing_not_an_error(tmp_path: Path) -> None:
     for f in tree.leaf(1).iterdir():
         f.unlink()
     tree.leaf(1).rmdir()
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert (report.checked, report.missing, report.errors) == (1, 1, 0)
 
 
@@ -153,7 +178,7 @@ def test_failed_repair_is_an_error_and_others_continue(tmp_path: Path) -> None:
     (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
     (tree.leaf(1) / "cpuset.effective_cpus").write_text("0-7\n")  # stuck effective set
     (tree.leaf(2) / "cpuset.cpus").write_text("7\n")
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert (report.drifted, report.repaired, report.errors) == (3, 2, 1)
     assert report.error_messages == (
         f"container c1: {tree.leaf(1)}: effective cpus '0-7' differ from intended '0-1'",
@@ -165,7 +190,7 @@ def test_unparsable_state_is_reported(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=2)
     (tree.leaf(0) / "cpuset.cpus").write_text("zz\n")
     tree.intents.append(ContainerIntent(container_id="x", cgroups_path="/../up", cpus="1"))
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert report.errors == 2
     assert report.error_messages[0].startswith(
         f"container c0: {tree.leaf(0)}/cpuset.cpus: EINVAL (unparsable content"
@@ -186,7 +211,7 @@ def test_unknown_containers_are_confined_to_the_shared_pool(tmp_path: Path) -> N
     empty_pod = make_cgroup(tree.h, "kubepods/besteffort/podempty", cpus="0-7")
     qos = make_cgroup(tree.h, "kubepods/guaranteed", cpus="0-7")
     w = tree.watcher()
-    report = w.check_once()
+    report = tree.check(w)
     assert (report.checked, report.drifted) == (2, 0)
     assert (report.unknown_found, report.unknown_confined) == (2, 2)
     assert read(new_cgroupfs / "cpuset.cpus") == "2-7"
@@ -197,7 +222,7 @@ def test_unknown_containers_are_confined_to_the_shared_pool(tmp_path: Path) -> N
     for i in range(2):
         assert read(tree.leaf(i) / "cpuset.cpus") == "0-1"  # known: left to their intent
     assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 2
-    assert w.check_once().unknown_found == 0
+    assert tree.check(w).unknown_found == 0
 
 
 def test_known_sandboxes_are_kept_and_unknown_ones_confined(tmp_path: Path) -> None:
@@ -215,7 +240,7 @@ def test_known_sandboxes_are_kept_and_unknown_ones_confined(tmp_path: Path) -> N
     unreported = make_cgroup(
         tree.h, "kubepods.slice/kubepods-podq.slice/cri-containerd-sb1.scope", cpus="0-7"
     )
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert (report.unknown_confined, report.repaired) == (1, 0)
     assert read(known / "cpuset.cpus") == read(unreported / "cpuset.cpus") == "2-7"
     assert tree.sample("dracpu_cgroup_fallback_writes_total", result="success", cause="sandbox")
@@ -225,9 +250,9 @@ def test_unknown_follow_the_pool_when_it_changes(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=1)
     new = make_cgroup(tree.h, "kubepods/podnew/n1", cpus="0-7")
     w = tree.watcher()
-    w.check_once()
+    tree.check(w)
     tree.pool = "4-7"
-    assert w.check_once().unknown_confined == 1
+    assert tree.check(w).unknown_confined == 1
     assert read(new / "cpuset.cpus") == "4-7"
 
 
@@ -235,7 +260,7 @@ def test_empty_pool_confines_nothing_and_says_why(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=1)
     tree.pool = ""
     new = make_cgroup(tree.h, "kubepods/podnew/n1", cpus="0-7")
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert report.unknown_confined == 0
     assert report.error_messages == (
         f"{new}: unknown container not confined: shared pool is empty",
@@ -250,8 +275,8 @@ def test_v2_systemd_tree(tmp_path: Path) -> None:
     target = ContainerIntent(
         container_id="k1", cgroups_path="kubepods-besteffort-podz.slice:crio:k1", cpus="0-3"
     )
-    w = DriftWatcher(CgroupWriter(str(root)), lambda: [target], lambda: "4-7")
-    report = w.check_once()
+    view = FakeView([target], "4-7")
+    report = check(DriftWatcher(CgroupWriter(str(root)), view), view)
     assert (report.drifted, report.repaired, report.unknown_confined) == (1, 1, 1)
     assert read(known / "cpuset.cpus") == "0-3"
     assert read(unknown / "cpuset.cpus") == "4-7"
@@ -259,13 +284,9 @@ def test_v2_systemd_tree(tmp_path: Path) -> None:
 
 def test_unusable_root_is_one_clear_error(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    w = DriftWatcher(
-        CgroupWriter(str(tmp_path / "nope")),
-        lambda: [intent("c1")],
-        lambda: "0",
-        metrics=DriverMetrics(registry),
-    )
-    report = w.check_once()
+    view = FakeView([intent("c1")], "0")
+    w = DriftWatcher(CgroupWriter(str(tmp_path / "nope")), view, metrics=DriverMetrics(registry))
+    report = check(w, view)
     assert report.errors == 1
     assert report.error_messages[0].startswith(f"cannot read cgroup root '{tmp_path}/nope'")
     assert w.checks == 1
@@ -274,7 +295,7 @@ def test_unusable_root_is_one_clear_error(tmp_path: Path) -> None:
 def test_report_is_encodable_for_debug_state(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=1)
     w = tree.watcher()
-    w.check_once()
+    tree.check(w)
     doc = msgspec.json.decode(msgspec.json.encode(w.state()))
     assert doc["checks"] == 1
     assert doc["inotify"] is False
@@ -289,6 +310,7 @@ async def test_checks_every_interval_under_mock_clock(
     tree = Tree(tmp_path, n=2)
     w = tree.watcher(interval=10.0, offload=False, use_inotify=False)
     async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
         await nursery.start(w.run)
         assert w.checks == 1  # a check right at start
         await trio.sleep(5)
@@ -309,6 +331,7 @@ async def test_poke_checks_sooner(tmp_path: Path, autojump_clock: trio.testing.M
     tree = Tree(tmp_path, n=1)
     w = tree.watcher(interval=10.0, offload=False, use_inotify=False, settle=0.5)
     async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
         await nursery.start(w.run)
         await trio.sleep(2)
         w.poke()
@@ -331,6 +354,7 @@ async def test_inotify_wakes_the_watcher(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=2)
     w = tree.watcher(interval=3600.0, offload=True, use_inotify=True, settle=0.01)
     async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
         await nursery.start(w.run)
         while w.state().watched_dirs == 0:  # first check done, watches set
             await trio.sleep(0.01)
@@ -356,6 +380,7 @@ async def test_offloaded_check_runs_in_a_thread(tmp_path: Path) -> None:
     (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
     w = tree.watcher(offload=True, use_inotify=False)
     async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
         await nursery.start(w.run)
         while w.checks < 1:
             await trio.sleep(0.01)
@@ -368,21 +393,24 @@ async def test_change_during_a_check_triggers_another(tmp_path: Path) -> None:
     if open_inotify() is None:
         pytest.skip("no inotify on this platform")
     tree = Tree(tmp_path, n=2)
-    calls = 0
+    w = tree.watcher(interval=3600.0, settle=0.01)
+    reader = w._reader
+    real_read = reader.read_effective_cpus
+    reads = 0
 
-    def pool() -> str:
-        # Called twice a check, before reading and before writing: a change at the second
-        # call of the second check (the poked one) is news for a third.
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
-        return tree.pool
+    def read_effective_cpus(directory: str) -> CPUSet:
+        # The second check (the poked one) reads c0, then c1: a write to c0 behind its
+        # back in between is news for a third.
+        nonlocal reads
+        if directory == str(tree.leaf(1)):
+            reads += 1
+            if reads == 2:
+                (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+        return real_read(directory)
 
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)), lambda: tree.intents, pool, interval=3600.0, settle=0.01
-    )
+    reader.read_effective_cpus = read_effective_cpus  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
         await nursery.start(w.run)
         while w.state().watched_dirs == 0:
             await trio.sleep(0.01)
@@ -405,13 +433,9 @@ def test_container_created_during_the_walk_is_not_confined(tmp_path: Path) -> No
     holder = make_cgroup(tree.h, "kubepods/podnew/h1", cpus="0-1")
     late = ContainerIntent(container_id="h1", cgroups_path="/kubepods/podnew/h1", cpus="0-1")
     stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
-    snapshots = [list(tree.intents), [*tree.intents, late]]
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)),
-        lambda: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0],
-        lambda: tree.pool,
-    )
-    report = w.check_once()
+    view = FakeView(tree.intents, tree.pool)
+    view.on_list = lambda: view.set([*tree.intents, late])
+    report = check(DriftWatcher(CgroupWriter(str(tree.root)), view), view)
     assert report.unknown_found == 2 and report.unknown_confined == 1
     assert read(holder / "cpuset.cpus") == "0-1"
     assert read(stray / "cpuset.cpus") == "2-7"
@@ -425,13 +449,9 @@ def test_drift_whose_intent_moved_on_is_left_to_the_next_check(tmp_path: Path) -
     new = [msgspec.structs.replace(old[0], cpus="0"), old[1]]
     (tree.leaf(0) / "cpuset.cpus").write_text("0\n")
     (tree.leaf(1) / "cpuset.cpus").write_text("5\n")
-    snapshots = [old, new]
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)),
-        lambda: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0],
-        lambda: tree.pool,
-    )
-    report = w.check_once()
+    view = FakeView(old, tree.pool)
+    view.on_list = lambda: view.set(new)
+    report = check(DriftWatcher(CgroupWriter(str(tree.root)), view), view)
     assert report.drifted == 2 and report.repaired == 1
     assert read(tree.leaf(0) / "cpuset.cpus") == "0"
     assert read(tree.leaf(1) / "cpuset.cpus") == "0-1"
@@ -440,15 +460,17 @@ def test_drift_whose_intent_moved_on_is_left_to_the_next_check(tmp_path: Path) -
 def test_pool_changed_during_the_check_confines_nothing_this_time(tmp_path: Path) -> None:
     tree = Tree(tmp_path, n=1)
     stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
-    pools = ["2-7", "3-7"]
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)),
-        lambda: tree.intents,
-        lambda: pools.pop(0) if len(pools) > 1 else pools[0],
-    )
-    assert w.check_once().unknown_confined == 0
+    view = FakeView(tree.intents, "2-7")
+
+    def shrink() -> None:
+        view.pool = "3-7"  # a prepare, while the check reads
+
+    view.on_list = shrink
+    w = DriftWatcher(CgroupWriter(str(tree.root)), view)
+    assert check(w, view).unknown_confined == 0
     assert read(stray / "cpuset.cpus") == "0-7"
-    assert w.check_once().unknown_confined == 1
+    view.on_list = None
+    assert check(w, view).unknown_confined == 1
     assert read(stray / "cpuset.cpus") == "3-7"
 
 
@@ -457,18 +479,13 @@ def test_nothing_is_confined_until_the_owner_knows_every_container(tmp_path: Pat
     # Synchronize: a claim holder's cgroup must keep its CPUs meanwhile.
     tree = Tree(tmp_path, n=1)
     holder = make_cgroup(tree.h, "kubepods/podold/h1", cpus="0-1")
-    complete = False
-    w = DriftWatcher(
-        CgroupWriter(str(tree.root)),
-        lambda: tree.intents,
-        lambda: tree.pool,
-        confine_unknown=lambda: complete,
-    )
-    report = w.check_once()
+    view = FakeView(tree.intents, tree.pool, synchronized=False)
+    w = DriftWatcher(CgroupWriter(str(tree.root)), view)
+    report = check(w, view)
     assert report.unknown_found == 1 and report.unknown_confined == 0
     assert read(holder / "cpuset.cpus") == "0-1"
-    complete = True
-    assert w.check_once().unknown_confined == 1
+    view.synchronized = True
+    assert check(w, view).unknown_confined == 1
     assert read(holder / "cpuset.cpus") == "2-7"
 
 
@@ -477,9 +494,10 @@ def test_a_missing_hierarchy_is_warned_about_once(
 ) -> None:
     empty = tmp_path / "no-cgroups"
     empty.mkdir()
-    w = DriftWatcher(CgroupWriter(str(empty)), list, lambda: "0-7")
+    view = FakeView(pool="0-7")
+    w = DriftWatcher(CgroupWriter(str(empty)), view)
     with caplog.at_level(logging.DEBUG, logger="dracpu.cgroupfs.watcher"):
-        reports = [w.check_once() for _ in range(3)]
+        reports = [check(w, view) for _ in range(3)]
     assert all(r.errors == 1 for r in reports)
     levels = [r.levelno for r in caplog.records if "drift check skipped" in r.getMessage()]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
@@ -493,7 +511,7 @@ def test_a_sandbox_off_the_pool_is_kept_on_it_never_counted_as_drift(tmp_path: P
     )
     make_cgroup(tree.h, sandbox.cgroups_path, cpus="0-7")  # as runc created it
     tree.intents.append(sandbox)
-    report = tree.watcher().check_once()
+    report = tree.check(tree.watcher())
     assert read(tree.h / "kubepods/podu9/sb0/cpuset.cpus") == "2-7"
     assert (report.drifted, report.repaired) == (0, 0)
     assert tree.sample("dracpu_cgroup_fallback_writes_total", result="success", cause="sandbox")
@@ -505,7 +523,7 @@ def test_a_repair_another_writer_made_meanwhile_is_not_written_again(tmp_path: P
     tree = Tree(tmp_path, n=2)
     (tree.leaf(0) / "cpuset.cpus").write_text("0-7\n")
     writer = CgroupWriter(str(tree.root))
-    watcher = DriftWatcher(writer, lambda: tree.intents, lambda: tree.pool, metrics=tree.metrics)
+    watcher = DriftWatcher(writer, tree.view, metrics=tree.metrics)
     real_many = writer.write_many
 
     def fixed_first(intents, **kwargs):  # type: ignore[no-untyped-def]
@@ -514,6 +532,6 @@ def test_a_repair_another_writer_made_meanwhile_is_not_written_again(tmp_path: P
         return real_many(intents, **kwargs)
 
     writer.write_many = fixed_first  # type: ignore[method-assign]
-    report = watcher.check_once()
+    report = tree.check(watcher)
     assert (report.drifted, report.repaired) == (1, 0)
     assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 0

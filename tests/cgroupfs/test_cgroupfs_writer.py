@@ -1,28 +1,27 @@
-"""The raw cpuset writer on fake v1 and v2 trees, and the fallback loop."""
+"""The raw cpuset writer on fake v1 and v2 trees, and the one writer task's passes."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 from builders import cs
-from cgroup_trees import intent, make_cgroup, read, v1_root, v2_root
+from cgroup_trees import FakeView, intent, make_cgroup, read, v1_root, v2_root
 from prometheus_client import CollectorRegistry
 
 from dracpu.cgroupfs.paths import CgroupPathError
-from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.writer import (
     CgroupIntentError,
     CgroupWriteError,
     CgroupWriter,
     CpusetWrite,
-    FallbackResult,
     plan_cpuset_writes,
 )
 from dracpu.cpuset import CPUSet
@@ -307,7 +306,7 @@ def test_write_many_keeps_going_past_failures(tmp_path: Path) -> None:
     assert read(h / "kubepods/podp1/cpuset.cpus") == "0-2,4"
 
 
-def test_write_differing_reads_first_asks_then_writes_the_rest(tmp_path: Path) -> None:
+async def test_a_pass_reads_first_asks_then_writes_what_is_still_wanted(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     h = root / "cpuset"
     make_cgroup(h, "kubepods/podp1", cpus="0-7", mems="0-1")
@@ -316,161 +315,208 @@ def test_write_differing_reads_first_asks_then_writes_the_rest(tmp_path: Path) -
     other_mems = make_cgroup(h, "kubepods/podp1/c4", cpus="2-3", mems="0")
     changed = make_cgroup(h, "kubepods/podp1/c5", cpus="0-7")
     stamp = os.stat(holds / "cpuset.cpus").st_mtime_ns
-    asked: list[list[str]] = []
-
-    def still_wanted(differing: list[ContainerIntent]) -> list[ContainerIntent]:
-        asked.append([i.container_id for i in differing])
-        return [i for i in differing if i.container_id != "c5"]  # c5's intent moved on
-
-    results = CgroupWriter(str(root)).write_differing(
-        [
-            intent("c1", cpus="2-3", mems="0"),  # holds it already: neither written nor listed
-            intent("c2", cpus="2-3"),
-            intent("c3", cpus="2-3"),  # no cgroup (stopped): skipped, not an error
-            intent("c4", cpus="2-3", mems="1"),
-            intent("c5", cpus="2-3"),
-        ],
-        still_wanted,
-    )
-    assert asked == [["c2", "c4", "c5"]]  # asked once, after every read, only of those
-    assert [(i.container_id, type(r).__name__) for i, r in results] == [
-        ("c2", "WriteOutcome"),
-        ("c4", "WriteOutcome"),
+    pushed = [
+        intent("c1", cpus="2-3", mems="0"),  # holds it already: neither written nor asked
+        intent("c2", cpus="2-3"),
+        intent("c3", cpus="2-3"),  # no cgroup (stopped): skipped, not an error
+        intent("c4", cpus="2-3", mems="1"),
+        intent("c5", cpus="2-3"),
     ]
-    assert all(not isinstance(r, Exception) and r.ok for _, r in results)
+    view = FakeView([*pushed[:4], intent("c5", cpus="4")])  # c5's intent moved on
+    registry = CollectorRegistry()
+    writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
+    written = await writer.verify(VerifyCpusets(intents=tuple(pushed), cause="pool"), view)
+    assert view.asked == [["c2", "c4", "c5"]]  # asked once, after every read, only of those
+    assert written == ["c2", "c4"]
+    assert (writer.tally.verified, writer.tally.rewritten) == (5, 2)
     assert os.stat(holds / "cpuset.cpus").st_mtime_ns == stamp
     assert read(other_cpus / "cpuset.cpus") == "2-3"
     assert read(other_mems / "cpuset.mems") == "1"
     assert read(changed / "cpuset.cpus") == "0-7"
+    assert _counter(registry, "success", "verify-mismatch") == 2
 
 
-def test_write_differing_reports_an_unreadable_cgroup(tmp_path: Path) -> None:
+async def test_a_pass_asks_every_chunk(tmp_path: Path) -> None:
+    root = v1_root(tmp_path)
+    pushed = [intent(f"c{i}", cpus="3") for i in range(5)]
+    for i in range(5):
+        make_cgroup(root / "cpuset", f"kubepods/podp1/c{i}", cpus="0-7")
+    view = FakeView(pushed)
+    writer = CgroupWriter(str(root), chunk=2)
+    written = await writer.verify(VerifyCpusets(intents=tuple(pushed), cause="pool"), view)
+    assert view.asked == [["c0", "c1"], ["c2", "c3"], ["c4"]]
+    assert written == [f"c{i}" for i in range(5)]
+
+
+def test_a_pass_step_reports_an_unreadable_cgroup(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     h = root / "cpuset"
     make_cgroup(h, "kubepods/podp1", cpus="0-7")
     garbled = make_cgroup(h, "kubepods/podp1/c1", cpus="0-7")
     (garbled / "cpuset.cpus").write_text("not a set\n")
     make_cgroup(h, "kubepods/podp1/c2", cpus="0-7")
-    results = CgroupWriter(str(root)).write_differing(
-        [intent("c1", cpus="1"), intent("c2", cpus="1")], lambda differing: differing
-    )
-    assert isinstance(results[0][1], CgroupWriteError)
-    assert "unparsable content" in str(results[0][1])
-    assert results[1][0].container_id == "c2" and not isinstance(results[1][1], Exception)
+    writer = CgroupWriter(str(root))
+    pending = iter([intent("c1", cpus="1"), intent("c2", cpus="1")])
+    step = writer.read_differing(pending, chunk=128)
+    [(bad, error)] = step.errors
+    assert bad.container_id == "c1" and isinstance(error, CgroupWriteError)
+    assert "unparsable content" in str(error)
+    assert [i.container_id for i in step.differing] == ["c2"]
+    last = writer.write_then_read(step.differing, pending, chunk=128)
+    assert [(i.container_id, r.ok) for i, r in last.written] == [("c2", True)]  # type: ignore[union-attr]
+    assert (last.differing, last.errors) == ([], [])
     assert read(h / "kubepods/podp1/c2/cpuset.cpus") == "1"
 
 
-async def test_verifier_never_writes_back_a_set_the_owner_moved_on_from(tmp_path: Path) -> None:
-    # The pass waits for the writer (another pass holds it); meanwhile the pool shrinks
-    # and the runtime applies the newer set. The read-back differs from the pushed set,
-    # but the owner, asked after the read-back, no longer wants it: nothing is written.
+async def test_a_pass_never_writes_back_a_set_the_owner_moved_on_from(tmp_path: Path) -> None:
+    # Between the pass's read-back and its write the pool shrinks and the runtime applies
+    # the newer set. The read-back differs from the pushed set, but the owner, asked after
+    # the read-back, no longer wants it: nothing is written.
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-5")
+    pushed = intent("c1", cpus="0-7")
+
+    class MovesOn(FakeView):
+        def still_wanted(self, intents: Iterable[ContainerIntent]) -> list[ContainerIntent]:
+            self.set([intent("c1", cpus="0-3")])
+            (leaf / "cpuset.cpus").write_text("0-3\n")
+            return super().still_wanted(intents)
+
     writer = CgroupWriter(str(root))
-    owner = {"c1": intent("c1", cpus="0-5")}
-    verifier = Verifier(writer, lambda ids: {i: owner[i] for i in ids if i in owner})
-    await trio.to_thread.run_sync(writer._lock.acquire)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(verifier.verify, VerifyCpusets(intents=(owner["c1"],), cause="pool"))
-        await trio.sleep(0.1)
-        owner["c1"] = intent("c1", cpus="0-3")
-        (leaf / "cpuset.cpus").write_text("0-3\n")
-        writer._lock.release()
+    view = MovesOn([pushed])
+    assert await writer.verify(VerifyCpusets(intents=(pushed,), cause="pool"), view) == []
+    assert view.asked == [["c1"]]
     assert read(leaf / "cpuset.cpus") == "0-3"
-    assert verifier.rewritten == 0
+    assert writer.tally.rewritten == 0
 
 
-# -- Trio side ----------------------------------------------------------------------------
-async def test_write_async_is_not_torn_by_cancellation(tmp_path: Path) -> None:
+async def test_a_pass_is_not_torn_by_cancellation(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
     writer = CgroupWriter(str(root))
+    want = intent("c1", cpus="5")
     with trio.CancelScope() as scope:
         scope.cancel()
-        outcome = await writer.write_async(intent("c1", cpus="5"))
-    assert outcome.ok
+        written = await writer.verify(
+            VerifyCpusets(intents=(want,), cause="pool"), FakeView([want])
+        )
+    assert written == ["c1"]
     assert read(leaf / "cpuset.cpus") == "5"
 
 
-def _counter(registry: CollectorRegistry, result: str) -> float:
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk": 0}, "verification chunk must be at least 1, got 0"),
+        ({"create_poll": 0}, "invalid wait for new cgroups: wait 2.0, poll 0"),
+        ({"create_wait": -1}, "invalid wait for new cgroups: wait -1, poll 0.05"),
+    ],
+)
+def test_bad_writer_settings(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CgroupWriter("/sys/fs/cgroup", **kwargs)  # type: ignore[arg-type]
+
+
+def _counter(registry: CollectorRegistry, result: str, cause: str = "runtime-reported") -> float:
     value = registry.get_sample_value(
-        "dracpu_cgroup_fallback_writes_total", {"result": result, "cause": "runtime-reported"}
+        "dracpu_cgroup_fallback_writes_total", {"result": result, "cause": cause}
     )
     assert value is not None
     return value
 
 
-async def test_run_fallback_writes_counts_and_logs(
+async def _one_pool_pass(writer: CgroupWriter, view: FakeView, message: VerifyCpusets) -> None:
+    """Hand the writer task one pool change's pass, as the pusher does, and wait for it."""
+    inbox = writer.inbox()
+    writer.begin_pass()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run, view)
+        await inbox.send(message)
+        with trio.fail_after(10):
+            await writer.wait_no_pass()
+        nursery.cancel_scope.cancel()
+
+
+def _failed(*pairs: tuple[ContainerIntent, str]) -> tuple[CpusetUpdateFailed, ...]:
+    return tuple(CpusetUpdateFailed(intent=i, reason=r) for i, r in pairs)
+
+
+async def test_runtime_reported_failures_are_written_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="dracpu.cgroupfs.writer")
+    caplog.set_level(logging.INFO, logger="dracpu.cgroupfs")
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
     registry = CollectorRegistry()
     writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
-    failed_send, failed_recv = trio.open_memory_channel[CpusetUpdateFailed](10)
-    result_send, result_recv = trio.open_memory_channel[FallbackResult](10)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(writer.run_fallback, failed_recv, result_send)
-        async with failed_send:
-            await failed_send.send(
-                CpusetUpdateFailed(intent=intent("c1", cpus="6-7"), reason="NRI session down")
-            )
-            await failed_send.send(
-                CpusetUpdateFailed(intent=intent("gone", cpus="1"), reason="timed out")
-            )
-            bad = ContainerIntent(container_id="evil", cgroups_path="/../x", cpus="1")
-            await failed_send.send(CpusetUpdateFailed(intent=bad, reason="listed as failed"))
-        results = [await result_recv.receive() for _ in range(3)]
+    c1, gone = intent("c1", cpus="6-7"), intent("gone", cpus="1")
+    bad = ContainerIntent(container_id="evil", cgroups_path="/../x", cpus="1")
+    failed = _failed((c1, "NRI session down"), (gone, "timed out"), (bad, "listed as failed"))
+    message = VerifyCpusets(intents=(c1, gone, bad), cause="pool", failed=failed)
+    await _one_pool_pass(writer, FakeView([c1, gone, bad]), message)
     assert read(leaf / "cpuset.cpus") == "6-7"
-    assert results[0] == FallbackResult(container_id="c1", cpus="6-7", ok=True)
-    assert results[1].ok is False
-    assert results[1].error.endswith("podp1/gone: ENOENT (no such cgroup directory)")
-    assert results[2] == FallbackResult(
-        container_id="evil",
-        cpus="1",
-        ok=False,
-        error="cgroups path '/../x' escapes the cgroup root through '..'",
-    )
     assert _counter(registry, "success") == 1
     assert _counter(registry, "error") == 2
+    assert writer.tally.rewritten == 1
     messages = [r.getMessage() for r in caplog.records]
     assert "fallback cpuset write container_id=c1 cpus=6-7 reason=NRI session down" in messages
     assert any(
         m.startswith("fallback cpuset write failed container_id=gone cpus=1 reason=timed out")
+        and m.endswith("podp1/gone: ENOENT (no such cgroup directory)")
         for m in messages
     )
+    assert (
+        "fallback cpuset write failed container_id=evil cpus=1 reason=listed as failed: "
+        "cgroups path '/../x' escapes the cgroup root through '..'"
+    ) in messages
 
 
-async def test_run_fallback_reports_mismatch_as_failure(tmp_path: Path) -> None:
+async def test_a_runtime_reported_failure_the_owner_moved_on_from_is_not_written(
+    tmp_path: Path,
+) -> None:
+    # The fallback used to write whatever the runtime could not apply; a later change (the
+    # pool grew again) makes that set stale, and the one rule leaves it alone.
+    root = v1_root(tmp_path)
+    leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="0-1")
+    registry = CollectorRegistry()
+    writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
+    pushed = intent("c1", cpus="6-7")
+    message = VerifyCpusets(intents=(pushed,), cause="pool", failed=_failed((pushed, "timed out")))
+    await _one_pool_pass(writer, FakeView([intent("c1", cpus="2-7")]), message)
+    assert read(leaf / "cpuset.cpus") == "0-1"
+    assert registry.get_sample_value(
+        "dracpu_cgroup_fallback_writes_total", {"result": "success", "cause": "runtime-reported"}
+    ) in (None, 0.0)
+
+
+async def test_a_runtime_reported_mismatch_is_a_failure(tmp_path: Path) -> None:
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
     (leaf / "cpuset.effective_cpus").write_text("0-7\n")
     registry = CollectorRegistry()
     writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
-    result = await writer.apply_fallback(
-        CpusetUpdateFailed(intent=intent("c1", cpus="3"), reason="x")
-    )
-    assert result.ok is False
-    assert result.error == f"{leaf}: effective cpus '0-7' differ from intended '3'"
+    pushed = intent("c1", cpus="3")
+    message = VerifyCpusets(intents=(pushed,), cause="pool", failed=_failed((pushed, "x")))
+    assert await writer.verify(message, FakeView([pushed])) == []
     assert _counter(registry, "error") == 1
 
 
-async def test_run_fallback_writes_nothing_when_the_cgroup_holds_the_set_already(
+async def test_a_runtime_reported_failure_already_in_place_is_not_written(
     tmp_path: Path,
 ) -> None:
-    # The pool change's verifier pass got there first: one write per change is enough.
+    # The runtime applied it after all (or a pass before got there): once is enough.
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1", cpus="6-7")
     before = (leaf / "cpuset.cpus").stat().st_mtime_ns
     registry = CollectorRegistry()
     writer = CgroupWriter(str(root), metrics=DriverMetrics(registry))
-    result = await writer.apply_fallback(
-        CpusetUpdateFailed(intent=intent("c1", cpus="6-7"), reason="listed as failed")
+    pushed = intent("c1", cpus="6-7")
+    message = VerifyCpusets(
+        intents=(pushed,), cause="pool", failed=_failed((pushed, "listed as failed"))
     )
-    assert result == FallbackResult(container_id="c1", cpus="6-7", ok=True)
+    assert await writer.verify(message, FakeView([pushed])) == []
     assert (leaf / "cpuset.cpus").stat().st_mtime_ns == before
-    assert _counter(registry, "success") == 0
+    assert _counter(registry, "success", "verify-mismatch") == 0
 
 
 def test_widening_reads_the_parent_fresh_within_a_batch(tmp_path: Path) -> None:

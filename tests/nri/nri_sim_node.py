@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
 from dracpu.cdi import write_claim_spec
 from dracpu.cpuset import CPUSet
-from dracpu.messages import CpusetUpdateFailed
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
@@ -31,7 +30,6 @@ class SimNode:
     plugin: NRIPlugin
     state: NodeState
     metrics: DriverMetrics
-    failed: trio.MemoryReceiveChannel[CpusetUpdateFailed]
     cdi_dir: str
     nursery: trio.Nursery | None = None
 
@@ -80,14 +78,11 @@ async def sim_node(
     state = NodeState(AllocationStore(CPUSet.parse(node_cpus), CPUSet()), mems_of=mems_of)
     plugin = NRIPlugin(state)
     cdi_dir = os.path.join(sock_dir, "cdi")
-    send, receive = trio.open_memory_channel[CpusetUpdateFailed](1000)
     metrics = DriverMetrics(CollectorRegistry())
     kw: dict[str, Any] = {"reconnect_backoff": (0.01, 0.1)}
     kw.update(session_kw or {})
-    session = NRISession(
-        socket_path, plugin, cdi_dir=cdi_dir, failed_updates=send, metrics=metrics, **kw
-    )
-    node = SimNode(sim, session, plugin, state, metrics, receive, cdi_dir)
+    session = NRISession(socket_path, plugin, cdi_dir=cdi_dir, metrics=metrics, **kw)
+    node = SimNode(sim, session, plugin, state, metrics, cdi_dir)
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
         await nursery.start(sim.run)

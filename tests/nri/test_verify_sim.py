@@ -1,9 +1,9 @@
-"""Verify, don't trust (issue #15): after a pool push the verifier reads every cgroup back
-and writes what the runtime did not apply, whichever way the runtime failed."""
+"""Verify, don't trust (issue #15): after a pool push the cgroupfs writer's pass reads every
+cgroup back and writes what the runtime did not apply, whichever way the runtime failed."""
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry
 
 from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import ClaimRecord, PreparedDevice
-from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
 from dracpu.messages import VerifyCpusets
@@ -30,10 +29,10 @@ def plan(uid: str, cpus: str) -> ClaimPlan:
 
 
 class Node:
-    def __init__(self, sim: SimNode, registry: CollectorRegistry, verifier: Verifier) -> None:
+    def __init__(self, sim: SimNode, registry: CollectorRegistry, writer: CgroupWriter) -> None:
         self.sim = sim
         self.registry = registry
-        self.verifier = verifier
+        self.writer = writer
 
     def fallback(self, cause: str, result: str = "success") -> float:
         value = self.registry.get_sample_value(
@@ -57,14 +56,18 @@ async def verified_node(short_tmp: str, cgroup_root: Path) -> AsyncIterator[Node
         registry = CollectorRegistry()
         metrics = DriverMetrics(registry)
         writer = CgroupWriter(str(cgroup_root), metrics=metrics)
-        verifier = Verifier(writer, sim.plugin.intents_of, metrics=metrics)
-        send, receive = trio.open_memory_channel[VerifyCpusets](math.inf)
-        pusher = PoolPusher(sim.state.pool_changes(), sim.plugin, sim.session, verify=send)
-        sim.session._verify = send
+        pusher = PoolPusher(
+            sim.state.pool_changes(),
+            sim.plugin,
+            sim.session,
+            verify=writer.inbox(),
+            writer=writer,
+        )
+        sim.session._verify = writer.inbox()
         async with trio.open_nursery() as nursery:
-            await nursery.start(verifier.run, receive)
+            await nursery.start(writer.run, sim.state.view)
             await nursery.start(pusher.run)
-            yield Node(sim, registry, verifier)
+            yield Node(sim, registry, writer)
             nursery.cancel_scope.cancel()
 
 
@@ -89,7 +92,7 @@ async def test_a_pool_update_the_runtime_did_not_apply_is_written_within_200ms(
                 await trio.sleep(0.005)
         assert sim.update_requests[-1] == ids  # the runtime was asked, and said yes
         with trio.fail_after(1):  # the count follows the write's return from its thread
-            while node.verifier.rewritten < 3:
+            while node.writer.tally.rewritten < 3:
                 await trio.sleep(0.005)
         assert node.fallback("verify-mismatch") == 3
         assert node.fallback("runtime-reported") == 0
@@ -97,26 +100,34 @@ async def test_a_pool_update_the_runtime_did_not_apply_is_written_within_200ms(
         assert convergence == 1
 
 
-async def test_a_runtime_that_reports_the_failure_falls_back_and_is_verified(
-    short_tmp: str, tmp_path: Path
+async def test_a_runtime_that_reports_the_failure_is_written_by_the_one_pass(
+    short_tmp: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="dracpu.cgroupfs")
     async with verified_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim.sim
         node.prepare("A", "0-3")
         ids = await shared_containers(node, 2)
         sim.set_update_mode("report", calls=1)
         node.unprepare("A")
-        failed = [await node.sim.failed.receive() for _ in ids]
-        assert sorted(f.intent.container_id for f in failed) == sorted(ids)
-        assert {f.reason for f in failed} == {"listed as failed by the runtime"}
-        # Reported failures go to the fallback writer, and the change's one pass verifies
-        # every update whatever the runtime answered: the pool converges (here with no
-        # fallback writer running) and the convergence is recorded for this case too.
+        # The reported failures ride in the change's one pass, which verifies every update
+        # whatever the runtime answered: each is written once, under the runtime's reason,
+        # and the convergence is recorded for this case too.
         with trio.fail_after(2):
-            while node.verifier.rewritten < len(ids):
+            while node.writer.tally.rewritten < len(ids):
                 await trio.sleep(0.005)
         assert {sim.cpuset_of(c) for c in ids} == {"0-7"}
-        assert node.fallback("verify-mismatch") == len(ids)
+        assert node.fallback("runtime-reported") == len(ids)
+        assert node.fallback("verify-mismatch") == 0
+        assert sorted(
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith("fallback cpuset write container_id=")
+        ) == sorted(
+            f"fallback cpuset write container_id={c} cpus=0-7 "
+            "reason=listed as failed by the runtime"
+            for c in ids
+        )
         convergence = node.registry.get_sample_value("dracpu_pool_convergence_seconds_count")
         assert convergence == 1
 
@@ -127,7 +138,7 @@ async def test_applied_updates_are_read_back_and_left_alone(short_tmp: str, tmp_
         ids = await shared_containers(node, 2)
         node.prepare("A", "6-7")
         with trio.fail_after(2):
-            while node.verifier.verified < 2:
+            while node.writer.tally.verified < 2:
                 await trio.sleep(0.005)
         assert {sim.cpuset_of(c) for c in ids} == {"0-5"}
         assert node.fallback("verify-mismatch") == 0
@@ -143,15 +154,16 @@ async def test_a_claim_holder_is_verified_once_its_container_exists(
         holder = await sim.create_container("p1", "app", ["DRA_CPUSET_B=2-3"])
         assert sim.cpuset_of(holder) == "2-3"
         with trio.fail_after(2):
-            while node.verifier.verified < 1:
+            while node.writer.tally.verified < 1:
                 await trio.sleep(0.005)
         assert node.fallback("verify-mismatch") == 0
         # Behind everyone's back the cgroup changes, then the holder is created again
         # (same name): the new container's adjustment is verified and written.
         sim.tree.write(sim.container(holder).cgroups_path, cpus="0-7")
         assert (
-            await node.verifier.verify(
-                VerifyCpusets(intents=tuple(node.sim.plugin.intents()), cause="create")
+            await node.writer.verify(
+                VerifyCpusets(intents=tuple(node.sim.plugin.intents()), cause="create"),
+                node.sim.state.view,
             )
         ) == [holder]
         assert sim.cpuset_of(holder) == "2-3"
@@ -167,7 +179,7 @@ async def test_a_stale_intent_is_not_written(short_tmp: str, tmp_path: Path) -> 
             intents=(type(intent)(**{**_fields(intent), "cpus": "1"}),), cause="pool"
         )
         # The owner intends 0-7 for it now: a verify carrying an older pool writes nothing.
-        assert await node.verifier.verify(old) == []
+        assert await node.writer.verify(old, node.sim.state.view) == []
         assert sim.cpuset_of(shared) == "0-7"
 
 

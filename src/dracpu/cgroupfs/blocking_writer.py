@@ -2,17 +2,17 @@
 
 Each write is planned (``plan.py``) from what the tree holds now, ancestors widened first,
 and after it the effective set is read back, so that a mismatch is reported rather than
-assumed away. Everything here blocks and may run in any thread: ``CgroupWriter``
-(``writer.py``) calls it from Trio in a worker thread, the watcher and the verifier in
-theirs.
+assumed away. Everything here blocks. ``CgroupWriter`` (``writer.py``) is the one task
+that writes: it runs these methods in worker threads one at a time, so nothing here needs
+a lock; the drift watcher reads through a ``CgroupReader`` of its own.
 """
 
 from __future__ import annotations
 
+import collections
 import errno as errno_mod
 import os
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from dracpu.bounded import remember
@@ -36,7 +36,7 @@ from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
 
-__all__ = ["BlockingCgroupWriter"]
+__all__ = ["BlockingCgroupWriter", "CgroupReader", "PassStep"]
 
 # Resolved container directories are cached; a node never runs anywhere near this many
 # containers, so the bound only guards against slow growth from churn.
@@ -50,11 +50,23 @@ class _SetCache:
     values: dict[str, CPUSet | None] = field(default_factory=dict)
 
 
-class BlockingCgroupWriter:
-    """Writes containers' cpusets straight into cgroupfs, blocking the calling thread.
+Results = list[tuple[ContainerIntent, WriteOutcome | Exception]]
 
-    The constructor does no I/O; the layout is detected on first use (or passed in).
-    ``CgroupWriter`` adds the Trio side.
+
+@dataclass(slots=True)
+class PassStep:
+    """One worker-thread step of a verification pass: what it wrote, the next containers
+    found to differ (for the owner to confirm), and the cgroups it could not read."""
+
+    written: Results = field(default_factory=list)
+    differing: list[ContainerIntent] = field(default_factory=list)
+    errors: Results = field(default_factory=list)
+
+
+class CgroupReader:
+    """Finds containers' cgroup directories and reads what the kernel enforces, blocking
+    the calling thread. One instance is used by one thread at a time (its caches have no
+    lock); the constructor does no I/O; the layout is detected on first use (or passed in).
     """
 
     def __init__(
@@ -67,21 +79,9 @@ class BlockingCgroupWriter:
         self.cgroup_root = cgroup_root
         self.metrics = metrics
         self._layout = layout
-        # cgroups path -> directory. Resolved in worker threads (the fallback loop and the
-        # watcher both write from them), so the cache has a lock of its own; it is bounded,
-        # and forgets a path whose directory has gone.
+        # cgroups path -> directory: bounded, and forgets a path whose directory has gone.
         self._paths: dict[str, str] = {}
-        self._paths_lock = threading.Lock()
-        # The fallback loop and the watcher write from worker threads; a parent's widening
-        # is read-modify-write, so two writes must not interleave.
-        self._lock = threading.Lock()
-        # Directories any writer of this process wrote since the drift watcher last took
-        # them: inotify reports dracpu's own writes too, and those are no news to it. A
-        # lock of its own, so taking them never waits for a pass in flight.
-        self._written: dict[str, None] = {}
-        self._written_lock = threading.Lock()
         self._no_effective: dict[str, None] = {}
-        self._ancestor_lists: dict[str, list[str]] = {}
 
     # -- paths and reads --------------------------------------------------------------
     @property
@@ -106,21 +106,18 @@ class BlockingCgroupWriter:
 
     def directory_of(self, cgroups_path: str) -> str:
         """The container's cgroup directory (cached; refuses escapes)."""
-        with self._paths_lock:
-            directory = self._paths.get(cgroups_path)
+        directory = self._paths.get(cgroups_path)
         if directory is None:
             directory = resolve(self.layout, cgroups_path)
-            with self._paths_lock:
-                remember(self._paths, cgroups_path, directory, _PATH_CACHE_LIMIT)
+            remember(self._paths, cgroups_path, directory, _PATH_CACHE_LIMIT)
         return directory
 
     def forget(self, cgroups_path: str) -> None:
-        """Drop a cached path whose directory is gone (any thread)."""
-        with self._paths_lock:
-            directory = self._paths.pop(cgroups_path, None)
-            if directory is not None:
-                self._no_effective.pop(f"{directory}/{self.layout.effective_cpus_file}", None)
-                self._no_effective.pop(f"{directory}/{self.layout.effective_mems_file}", None)
+        """Drop a cached path whose directory is gone."""
+        directory = self._paths.pop(cgroups_path, None)
+        if directory is not None:
+            self._no_effective.pop(f"{directory}/{self.layout.effective_cpus_file}", None)
+            self._no_effective.pop(f"{directory}/{self.layout.effective_mems_file}", None)
 
     def _read_effective(self, directory: str, effective_file: str, fallback: str) -> CPUSet:
         # Fake trees written like runc have no effective file: the configured set is then
@@ -135,8 +132,7 @@ class BlockingCgroupWriter:
                 return parse_set(key, text)
         path = f"{directory}/{fallback}"
         text = read_cgroup_file(path)
-        with self._paths_lock:
-            remember(self._no_effective, key, None, _PATH_CACHE_LIMIT)
+        remember(self._no_effective, key, None, _PATH_CACHE_LIMIT)
         return parse_set(path, text)
 
     def read_effective_cpus(self, directory: str) -> CPUSet:
@@ -150,10 +146,35 @@ class BlockingCgroupWriter:
         text = read_if_present(path)
         return None if text is None else parse_set(path, text)
 
+
+class BlockingCgroupWriter(CgroupReader):
+    """Writes containers' cpusets straight into cgroupfs, blocking the calling thread.
+
+    Never called from two threads at once: ``CgroupWriter`` (the one writer task) runs it
+    in one worker thread at a time, which is what keeps a parent's widening (read, modify,
+    write) from interleaving with another write.
+    """
+
+    def __init__(
+        self,
+        cgroup_root: str,
+        *,
+        metrics: DriverMetrics | None = None,
+        layout: CgroupLayout | None = None,
+    ) -> None:
+        super().__init__(cgroup_root, metrics=metrics, layout=layout)
+        # Directories written since the drift watcher last took them: inotify reports
+        # dracpu's own writes too, and those are no news to it. The watcher drains them on
+        # the Trio thread while a write may be on its way in a worker thread; a deque's
+        # append and popleft are atomic, so no lock is needed (and a full one forgets its
+        # oldest entries: at worst one echo is taken for news and costs one check).
+        self._written: collections.deque[str] = collections.deque(maxlen=_PATH_CACHE_LIMIT)
+        self._ancestor_lists: dict[str, list[str]] = {}
+
     # -- the write ----------------------------------------------------------------------
     def _ancestors(self, directory: str) -> list[str]:
         # The same few pod and QoS levels for every container: computed once per directory
-        # (bounded like the path cache; called under the writer's lock).
+        # (bounded like the path cache).
         ancestors = self._ancestor_lists.get(directory)
         if ancestors is None:
             hierarchy = self.layout.hierarchy.rstrip("/")
@@ -192,17 +213,20 @@ class BlockingCgroupWriter:
 
     def _apply(self, writes: Iterable[CpusetWrite], cache: _SetCache) -> None:
         for w in writes:
-            with self._written_lock:  # bounded: nobody takes them when no watcher runs
-                remember(self._written, w.directory, None, _PATH_CACHE_LIMIT)
+            # Noted before the write, so the inotify event it causes finds it there.
+            self._written.append(w.directory)
             write_cgroup_file(w.path, w.value)
             cache.values[w.path] = CPUSet.parse(w.value)
 
     def take_written_dirs(self) -> set[str]:
         """The directories written since the last call (any thread, never waits for a
         write in progress)."""
-        with self._written_lock:
-            written, self._written = self._written, {}
-        return set(written)
+        taken: set[str] = set()
+        while True:
+            try:
+                taken.add(self._written.popleft())
+            except IndexError:
+                return taken
 
     def _write(
         self,
@@ -215,8 +239,9 @@ class BlockingCgroupWriter:
         cpus = _intent_set(intent, "cpus", intent.cpus)
         mems = _intent_set(intent, "mems", intent.mems) if intent.mems else None
         directory = self.directory_of(intent.cgroups_path)
-        # ``just_read``: the pass read this cgroup a moment ago, under the same hold of
-        # the lock; a cgroup removed since then fails the write itself with ENOENT.
+        # ``just_read``: the pass read this cgroup a moment ago and no other write of this
+        # process came in between; a cgroup removed since then fails the write itself
+        # with ENOENT.
         if not just_read and not os.path.isdir(directory):
             self.forget(intent.cgroups_path)
             raise CgroupWriteError(directory, errno_mod.ENOENT, "no such cgroup directory")
@@ -253,52 +278,54 @@ class BlockingCgroupWriter:
         """Write one container's cpuset (and mems) and read the effective set back.
 
         ``only_if_differs``: first read what the cgroup enforces and write nothing when
-        it already holds the intent (another writer got there first: an outcome with no
+        it already holds the intent (another write got there first: an outcome with no
         writes). Raises :class:`CgroupPathError`, :class:`CgroupWriteError` or
         :class:`CgroupIntentError`; a read-back mismatch is reported in the outcome.
         """
-        with self._lock:
-            return self._write(intent, _SetCache(), only_if_differs=only_if_differs)
+        return self._write(intent, _SetCache(), only_if_differs=only_if_differs)
 
     def write_many(
         self, intents: Iterable[ContainerIntent], *, only_if_differs: bool = False
-    ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
+    ) -> Results:
         """Write several containers, reading each shared ancestor once (``only_if_differs``
         as for :meth:`write`)."""
-        with self._lock:
-            return self._write_all(intents, only_if_differs=only_if_differs)
+        return self._write_all(intents, only_if_differs=only_if_differs)
 
-    def write_differing(
+    def read_differing(
+        self, pending: Iterator[ContainerIntent], *, chunk: int, strict: Collection[str] = ()
+    ) -> PassStep:
+        """Read containers from ``pending`` back until ``chunk`` of them differ from their
+        intent (or ``pending`` is done): those are the step's ``differing``, for the owner
+        to confirm before :meth:`write_then_read` writes them. A cgroup that is gone or
+        whose path cannot be resolved is skipped (stopped meanwhile, or never created),
+        except for the ids in ``strict`` (updates the runtime said it could not apply:
+        their missing cgroup is an error to report); a cgroup that cannot be read is
+        listed in ``errors``."""
+        step = PassStep()
+        for intent in pending:
+            try:
+                if self._differs(intent, strict=intent.container_id in strict):
+                    step.differing.append(intent)
+            except (CgroupPathError, CgroupWriteError, CgroupIntentError) as exc:
+                step.errors.append((intent, exc))
+            if len(step.differing) >= chunk:
+                break
+        return step
+
+    def write_then_read(
         self,
-        intents: Iterable[ContainerIntent],
-        still_wanted: Callable[[list[ContainerIntent]], list[ContainerIntent]],
+        confirmed: Iterable[ContainerIntent],
+        pending: Iterator[ContainerIntent],
         *,
-        chunk: int = 128,
-    ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        """One pass of reads and writes: read each container's effective set back and,
-        every ``chunk`` containers that differ (and at the end), ask ``still_wanted``
-        which of them are still intended (the state owner, asked at that moment, after
-        the read-back: a newer set the runtime applied meanwhile is read back as
-        "differs" and must not be overwritten with the older one), and write those. All
-        under one hold of the lock, so no other writer of this process writes a cgroup
-        twice for one change, and a writer that waited for the pass reads what it wrote.
-        Containers whose cgroup is gone are skipped; a cgroup that cannot be read is
-        listed with its error."""
-        results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
-        differing: list[ContainerIntent] = []
-        with self._lock:
-            for intent in intents:
-                try:
-                    if self._differs(intent):
-                        differing.append(intent)
-                except (CgroupWriteError, CgroupIntentError) as exc:
-                    results.append((intent, exc))
-                if len(differing) >= chunk:
-                    results += self._write_all(still_wanted(differing), just_read=True)
-                    differing = []
-            if differing:
-                results += self._write_all(still_wanted(differing), just_read=True)
-        return results
+        chunk: int,
+        strict: Collection[str] = (),
+    ) -> PassStep:
+        """Write what the owner confirmed of the last step (just read: no second read),
+        then read the next chunk, in one trip to the worker thread."""
+        written = self._write_all(confirmed, just_read=True)
+        step = self.read_differing(pending, chunk=chunk, strict=strict)
+        step.written = written
+        return step
 
     def _write_all(
         self,
@@ -306,11 +333,11 @@ class BlockingCgroupWriter:
         *,
         only_if_differs: bool = False,
         just_read: bool = False,
-    ) -> list[tuple[ContainerIntent, WriteOutcome | Exception]]:
-        # Under the lock, held for the batch: the cached ancestor sets stay true only
-        # while no other write can change them.
+    ) -> Results:
+        # The cached ancestor sets stay true for the batch: no other write of this process
+        # runs while it does.
         cache = _SetCache()
-        results: list[tuple[ContainerIntent, WriteOutcome | Exception]] = []
+        results: Results = []
         for intent in intents:
             try:
                 outcome = self._write(
@@ -324,14 +351,19 @@ class BlockingCgroupWriter:
                 results.append((intent, exc))
         return results
 
-    def _differs(self, intent: ContainerIntent) -> bool:
+    def _differs(self, intent: ContainerIntent, *, strict: bool = False) -> bool:
         """Whether the container's cgroup enforces other CPUs (or memory nodes) than the
         intent; False when the cgroup is gone or cannot be found (no hierarchy: warned at
-        start; nothing to write into)."""
+        start; nothing to write into), unless ``strict``: then those raise."""
         try:
             directory = self.directory_of(intent.cgroups_path)
         except CgroupPathError:
+            if strict:
+                raise
             return False
+        if strict and not os.path.isdir(directory):
+            self.forget(intent.cgroups_path)
+            raise CgroupWriteError(directory, errno_mod.ENOENT, "no such cgroup directory")
         try:
             if self.read_effective_cpus(directory) != _intent_set(intent, "cpus", intent.cpus):
                 return True
@@ -339,7 +371,7 @@ class BlockingCgroupWriter:
                 return False
             return self.read_effective_mems(directory) != _intent_set(intent, "mems", intent.mems)
         except CgroupWriteError as exc:
-            if exc.errno == errno_mod.ENOENT:
+            if exc.errno == errno_mod.ENOENT and not strict:
                 self.forget(intent.cgroups_path)
                 return False  # stopped meanwhile, or never created
             raise

@@ -1,5 +1,6 @@
-"""The drift watcher's decisions, without I/O: which containers drifted, which cgroups
-belong to containers, and which of a check's findings are still true when it writes.
+"""The drift watcher's decisions, without I/O: which containers drifted and which cgroups
+belong to containers (whether a finding is still wanted when written is the writer's one
+rule, ``intent_view.py``).
 
 ``DriftWatcher`` (``watcher.py``) reads the tree and the state owner and writes; everything
 it decides in between is here.
@@ -16,12 +17,9 @@ from dracpu.messages import ContainerIntent
 
 __all__ = [
     "DriftReport",
-    "OwnerView",
     "container_id_of",
     "find_drift",
     "is_container_dir",
-    "still_drifted",
-    "still_unknown",
 ]
 
 
@@ -73,25 +71,3 @@ def container_id_of(leaf_name: str) -> str:
     if leaf_name.endswith(".scope"):
         return leaf_name.removesuffix(".scope").rsplit("-", 1)[-1]
     return leaf_name
-
-
-class OwnerView(msgspec.Struct, frozen=True):
-    """What the state owner said at one instant."""
-
-    intents: dict[str, ContainerIntent]
-    pool: str
-    complete: bool
-
-
-def still_drifted(drifted: Sequence[ContainerIntent], now: OwnerView) -> list[ContainerIntent]:
-    """The drifted containers whose intent did not change while the check read."""
-    return [i for i in drifted if now.intents.get(i.container_id) == i]
-
-
-def still_unknown(
-    unknown: Sequence[ContainerIntent], before: OwnerView, now: OwnerView
-) -> list[ContainerIntent]:
-    """The strangers still unknown, if the owner knows its containers and the pool held."""
-    if not (now.complete and now.pool == before.pool):
-        return []
-    return [u for u in unknown if u.container_id not in now.intents]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 
 __all__ = [
@@ -180,17 +180,12 @@ def _within(base: str, path: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
 
-def resolve(
-    layout_or_root: CgroupLayout | str,
-    cgroups_path: str,
-    *,
-    realpath: Callable[[str], str] = os.path.realpath,
-) -> str:
+def resolve(layout_or_root: CgroupLayout | str, cgroups_path: str) -> str:
     """The container's directory, refusing paths that leave the hierarchy.
 
     A string is taken as the cgroup root and its layout detected. After the lexical checks,
-    ``realpath`` (injectable for tests) follows symlinks so a link pointing outside the
-    hierarchy is refused too; a directory that does not exist yet resolves lexically.
+    symlinks are followed so a link pointing outside the hierarchy is refused too; a
+    directory that does not exist yet resolves lexically.
     """
     layout = (
         layout_or_root
@@ -198,8 +193,8 @@ def resolve(
         else (detect_layout(layout_or_root))
     )
     path = resolve_lexical(layout, cgroups_path)
-    base = realpath(layout.hierarchy)
-    real = realpath(path)
+    base = os.path.realpath(layout.hierarchy)
+    real = os.path.realpath(path)
     if not _within(base, real) or real == base:
         raise CgroupPathError(
             f"cgroups path {cgroups_path!r} resolves to {real!r}, outside the cgroup "

@@ -2,23 +2,23 @@
 
 Every ``interval`` seconds (and soon after an inotify event in a watched cgroup directory,
 where inotify is available) one check reads each known container's effective cpuset,
-compares it with the intended one and rewrites the drifted ones through the writer. It also
-walks the container roots for container cgroups no intent knows about — created while the
-NRI session was down — and confines them to the shared pool, so an unknown container never
-runs on CPUs given exclusively to a claim.
+compares it with the intended one and asks the cgroupfs writer task to rewrite the drifted
+ones (a ``DriftRepair``). It also walks the container roots for container cgroups no intent
+knows about — created while the NRI session was down — and has them confined to the
+shared pool, so an unknown container never runs on CPUs given exclusively to a claim.
 
 The decisions are pure functions over what was read (``dracpu.cgroupfs.drift``); the
-check itself is synchronous and the Trio loop around it is thin.
+reading is synchronous (in a worker thread, through a ``CgroupReader`` of the watcher's
+own) and the Trio loop around it is thin. The watcher never writes.
 
-A check reads first and writes last, and the state it read may have moved on in between
-(a container created, the shared pool changed by a prepare). So right before writing it
-asks the state owner again and writes only what is still true: a "drifted" container
-whose intent changed meanwhile is left for the next check (the change that moved the
-intent pokes one), and a cgroup that looked unknown but whose container the owner knows
-by now is not confined. Without that, a container created during the walk was confined
-to the shared pool although it holds a claim. When the check runs in a worker thread,
-the owner's callables run on the Trio thread (``trio.from_thread``): they iterate the
-owner's dicts, which only the Trio thread changes.
+A check reads first and the writer writes last, and the state it read may have moved on
+in between (a container created, the shared pool changed by a prepare). So the writer asks
+the state owner again right before writing and writes only what is still wanted
+(``intent_view.py``): a "drifted" container whose intent changed meanwhile is left for the
+next check (the change that moved the intent pokes one), and a cgroup that looked unknown
+but whose container the owner knows by now is not confined. Without that, a container
+created during the walk was confined to the shared pool although it holds a claim. The
+owner's view is asked on the Trio thread only, before the reading starts.
 """
 
 from __future__ import annotations
@@ -27,25 +27,18 @@ import errno as errno_mod
 import logging
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import msgspec
 import trio
 
-from dracpu.cgroupfs.drift import (
-    DriftReport,
-    OwnerView,
-    container_id_of,
-    find_drift,
-    is_container_dir,
-    still_drifted,
-    still_unknown,
-)
+from dracpu.cgroupfs.blocking_writer import CgroupReader, Results
+from dracpu.cgroupfs.drift import DriftReport, container_id_of, find_drift, is_container_dir
 from dracpu.cgroupfs.inotify import IN_IGNORED, Inotify, InotifyEvent, open_inotify
+from dracpu.cgroupfs.intent_view import IntentView
 from dracpu.cgroupfs.paths import CgroupPathError
-from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter
+from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, DriftRepair, RepairResults
 from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
@@ -70,32 +63,59 @@ class WatcherState(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True)
 class _Wording:
-    """How the writes of one kind are reported: the container, a failure, a success, and
-    the ``cause`` of ``dracpu_cgroup_fallback_writes_total`` (drift repairs are also
-    counted in ``dracpu_cgroup_drift_repairs_total``; a pod sandbox is never drift)."""
+    """How the writes of one kind are reported: the container, a failure, a success
+    (``str.format`` templates over the intent's fields), and the ``cause`` of
+    ``dracpu_cgroup_fallback_writes_total`` (drift repairs are also counted in
+    ``dracpu_cgroup_drift_repairs_total``; a pod sandbox is never drift)."""
 
-    where: Callable[[ContainerIntent], str]
+    where: str
     failed: str
-    done: Callable[[ContainerIntent], str]
+    done: str
     cause: str = "drift"
 
 
 _REPAIR = _Wording(
-    where=lambda i: f"container {i.container_id}",
+    where="container {container_id}",
     failed="repair failed: ",
-    done=lambda i: f"repaired cpuset drift container_id={i.container_id} cpus={i.cpus}",
+    done="repaired cpuset drift container_id={container_id} cpus={cpus}",
 )
 _CONFINE = _Wording(
-    where=lambda i: f"unknown container {i.cgroups_path}",
+    where="unknown container {cgroups_path}",
     failed="",
-    done=lambda i: f"confined unknown container cgroup={i.cgroups_path} cpus={i.cpus}",
+    done="confined unknown container cgroup={cgroups_path} cpus={cpus}",
 )
 _SANDBOX = _Wording(
-    where=lambda i: f"pod sandbox {i.container_id}",
+    where="pod sandbox {container_id}",
     failed="",
-    done=lambda i: f"pod sandbox kept on the shared pool sandbox_id={i.container_id} cpus={i.cpus}",
+    done="pod sandbox kept on the shared pool sandbox_id={container_id} cpus={cpus}",
     cause="sandbox",
 )
+
+
+def _say(template: str, intent: ContainerIntent) -> str:
+    return template.format(
+        container_id=intent.container_id, cgroups_path=intent.cgroups_path, cpus=intent.cpus
+    )
+
+
+@dataclass(frozen=True)
+class _OwnerSaid:
+    """What the state owner said before a check read: every intent, and the pool."""
+
+    intents: list[ContainerIntent]
+    pool: str
+
+
+@dataclass
+class _Findings:
+    """What one check found to write, and what it read."""
+
+    drifted: list[ContainerIntent]
+    sandboxes: list[ContainerIntent]
+    unknown: list[ContainerIntent]
+    checked: int
+    missing: int
+    errors: list[str]
 
 
 @dataclass
@@ -111,22 +131,17 @@ class _Reading:
 class DriftWatcher:
     """Periodic and event-driven drift checks over the containers dracpu knows about.
 
-    ``intents`` returns every container the state owner knows with its intended cpuset;
-    ``shared_pool`` returns the current shared pool as a cpuset string (pod sandboxes the
-    runtime reported are intents too, marked ``sandbox``). ``confine_unknown`` (optional)
-    says whether the owner's
-    list of containers is complete enough to call a cgroup unknown: until the runtime's
-    first Synchronize every container is unknown to a freshly started daemon, and
-    confining them would move claim holders onto the shared pool. They must only read; a
-    check calls ``intents`` and ``shared_pool`` twice (before reading and again before
-    writing), on the Trio thread when the check is offloaded to a worker thread.
+    ``view`` is the state owner's read-only view: every container it knows with its
+    intended cpuset (pod sandboxes the runtime reported are intents too, marked
+    ``sandbox``), the shared pool, and whether it knows every container yet. The watcher
+    asks it once per check, on the Trio thread, before reading; ``writer`` (the one
+    cgroupfs writer task) asks it again before writing.
     """
 
     def __init__(
         self,
         writer: CgroupWriter,
-        intents: Callable[[], Iterable[ContainerIntent]],
-        shared_pool: Callable[[], str],
+        view: IntentView,
         *,
         interval: float = 10.0,
         metrics: DriverMetrics | None = None,
@@ -134,20 +149,19 @@ class DriftWatcher:
         use_inotify: bool = True,
         offload: bool = True,
         settle: float = 0.1,
-        confine_unknown: Callable[[], bool] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"drift check interval must be positive, got {interval}")
         self.writer = writer
-        self._intents = intents
-        self._shared_pool = shared_pool
+        self._view = view
+        self._reader = CgroupReader(writer.cgroup_root)
+        self._repairs = writer.inbox()
         self.interval = interval
         self.metrics = metrics
         self.container_roots = tuple(container_roots)
         self.use_inotify = use_inotify
         self.offload = offload
         self.settle = settle
-        self._confine_unknown = confine_unknown
         self.last_report: DriftReport | None = None
         self.checks = 0
         self._scanned_dirs: list[str] = []
@@ -159,26 +173,66 @@ class DriftWatcher:
         self._watched_dirs = 0
 
     # -- one check ----------------------------------------------------------------------
-    def _view(self) -> OwnerView:
-        complete = self._confine_unknown
-        return OwnerView(
-            intents={i.container_id: i for i in self._intents()},
-            pool=self._shared_pool(),
-            complete=complete() if complete is not None else True,
+    async def check(self) -> DriftReport:
+        """Read, compare, have the writer repair: one full pass. Never raises for a bad
+        container or tree (a writer that dropped the request is one error)."""
+        # A pool change's pass on its way (the runtime applying it, the writer writing
+        # what it did not) would look like drift everywhere: wait for it, bounded.
+        if self.writer.pass_in_flight:
+            with trio.move_on_after(self.interval):
+                await self.writer.wait_no_pass()
+        view = self._view
+        pool = view.shared_pool.format()  # one instant with the intents: nothing awaits
+        before = _OwnerSaid(intents=list(view.intents()), pool=pool)
+        if self.offload:
+            with trio.CancelScope(shield=True):
+                found = await trio.to_thread.run_sync(self._look, before)
+        else:
+            found = self._look(before)
+        if isinstance(found, DriftReport):
+            return self._finish(found)
+        results = await self._ask_writer(found)
+        errors = found.errors
+        repaired = self._account(results.drifted, errors, _REPAIR)
+        self._account(results.sandboxes, errors, _SANDBOX)
+        confined = self._account(results.strangers, errors, _CONFINE)
+        if found.drifted:
+            log.info("cpuset drift: %d of %d containers drifted", len(found.drifted), found.checked)
+        return self._finish(
+            DriftReport(
+                checked=found.checked,
+                drifted=len(found.drifted),
+                repaired=repaired,
+                errors=len(errors),
+                unknown_found=len(found.unknown),
+                unknown_confined=confined,
+                missing=found.missing,
+                error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
+            )
         )
 
-    def _ask_view(self, from_thread: bool) -> OwnerView:
-        # One call, so intents, pool and completeness come from the same instant.
-        return trio.from_thread.run_sync(self._view) if from_thread else self._view()
+    async def _ask_writer(self, found: _Findings) -> RepairResults:
+        if not (found.drifted or found.sandboxes or found.unknown):
+            return RepairResults()
+        reply_send, reply = trio.open_memory_channel[RepairResults](1)
+        request = DriftRepair(
+            drifted=found.drifted,
+            sandboxes=found.sandboxes,
+            strangers=found.unknown,
+            reply=reply_send,
+        )
+        async with reply:
+            await self._repairs.send(request)
+            try:
+                return await reply.receive()
+            except trio.EndOfChannel:
+                found.errors.append("the cgroupfs writer stopped before repairing")
+                return RepairResults()
 
-    def check_once(self, *, from_thread: bool = False) -> DriftReport:
-        """Read, compare, repair: one full pass. Never raises for a bad container or tree.
-
-        ``from_thread``: the check runs in a Trio worker thread, so the owner's callables
-        are run on the Trio thread.
-        """
+    def _look(self, before: _OwnerSaid) -> _Findings | DriftReport:
+        """The reading half of a check (blocking): what drifted, what is unknown."""
         try:
-            self.writer.layout  # noqa: B018 - detect once, so a bad root is one clear error
+            self._reader.layout  # noqa: B018 - detect once, so a bad root is one clear error
         except CgroupPathError as exc:
             # Said once (and at start-up by the daemon, with a metric); every check after
             # that only at debug level, until the hierarchy appears.
@@ -187,33 +241,18 @@ class DriftWatcher:
             else:
                 log.debug("drift check skipped: %s", exc)
             self._hierarchy_missing = True
-            return self._finish(DriftReport(errors=1, error_messages=(str(exc),)))
+            return DriftReport(errors=1, error_messages=(str(exc),))
         self._hierarchy_missing = False
         errors: list[str] = []
-        before = self._ask_view(from_thread)
-        known = self._read_known(before.intents.values(), errors)
+        known = self._read_known(before.intents, errors)
         off_intent = find_drift(known.readable, known.effective)
-        drifted = [i for i in off_intent if not i.sandbox]
-        sandboxes = [i for i in off_intent if i.sandbox]
-        unknown = self._find_unknown(known.dirs, errors, before.pool)
-        # Ask again: only what is still true gets written (see the module docstring).
-        now = self._ask_view(from_thread)
-        repaired = self._write_all(still_drifted(drifted, now), errors, _REPAIR)
-        self._write_all(still_drifted(sandboxes, now), errors, _SANDBOX)
-        confined = self._write_all(still_unknown(unknown, before, now), errors, _CONFINE)
-        if drifted:
-            log.info("cpuset drift: %d of %d containers drifted", len(drifted), len(known.readable))
-        return self._finish(
-            DriftReport(
-                checked=len(known.readable),
-                drifted=len(drifted),
-                repaired=repaired,
-                errors=len(errors),
-                unknown_found=len(unknown),
-                unknown_confined=confined,
-                missing=known.missing,
-                error_messages=tuple(errors[:_MAX_REPORTED_ERRORS]),
-            )
+        return _Findings(
+            drifted=[i for i in off_intent if not i.sandbox],
+            sandboxes=[i for i in off_intent if i.sandbox],
+            unknown=self._find_unknown(known.dirs, errors, before.pool),
+            checked=len(known.readable),
+            missing=known.missing,
+            errors=errors,
         )
 
     def _read_known(self, intents: Iterable[ContainerIntent], errors: list[str]) -> _Reading:
@@ -221,14 +260,14 @@ class DriftWatcher:
         reading = _Reading()
         for intent in intents:
             try:
-                directory = self.writer.directory_of(intent.cgroups_path)
+                directory = self._reader.directory_of(intent.cgroups_path)
                 reading.dirs.add(directory)
                 CPUSet.parse(intent.cpus)
-                reading.effective[intent.container_id] = self.writer.read_effective_cpus(directory)
+                reading.effective[intent.container_id] = self._reader.read_effective_cpus(directory)
             except CgroupWriteError as exc:
                 if exc.errno == errno_mod.ENOENT:
                     reading.missing += 1
-                    self.writer.forget(intent.cgroups_path)
+                    self._reader.forget(intent.cgroups_path)
                 else:
                     errors.append(f"container {intent.container_id}: {exc}")
                 continue
@@ -255,24 +294,22 @@ class DriftWatcher:
             last_report=self.last_report,
         )
 
-    def _write_all(
-        self, intents: Sequence[ContainerIntent], errors: list[str], words: _Wording
-    ) -> int:
-        """Write each intent that still differs when the writer's lock is held (a pass of
-        the verifier in flight wrote it meanwhile: nothing to do); count and log
-        successes, collect and log failures. Both drift repairs and the confinement of
-        unknown containers count as repairs; pod sandboxes only under their own cause."""
+    def _account(self, results: Results, errors: list[str], words: _Wording) -> int:
+        """Count and log the writer's results for one kind of write (an outcome with no
+        writes: the cgroup held the set by then, nothing to say); collect failures. Both
+        drift repairs and the confinement of unknown containers count as repairs; pod
+        sandboxes only under their own cause."""
         written = 0
-        for intent, result in self.writer.write_many(intents, only_if_differs=True):
+        for intent, result in results:
             if isinstance(result, Exception):
-                message = f"{words.where(intent)}: {words.failed}{result}"
+                message = f"{_say(words.where, intent)}: {words.failed}{result}"
             elif not result.ok:
-                message = f"{words.where(intent)}: {result.describe_mismatch()}"
+                message = f"{_say(words.where, intent)}: {result.describe_mismatch()}"
             elif not result.writes:
                 continue
             else:
                 written += 1
-                log.info("%s", words.done(intent))
+                log.info("%s", _say(words.done, intent))
                 self._count(words, "success")
                 continue
             errors.append(message)
@@ -295,7 +332,7 @@ class DriftWatcher:
         except CPUSetParseError as exc:
             errors.append(f"shared pool: {exc}")
             return []
-        hierarchy = self.writer.layout.hierarchy.rstrip("/")
+        hierarchy = self._reader.layout.hierarchy.rstrip("/")
         leaves: list[str] = []
         scanned: list[str] = []
         for root in self.container_roots:
@@ -306,7 +343,7 @@ class DriftWatcher:
         for directory in leaves:
             cid = container_id_of(posixpath.basename(directory))
             try:
-                current = self.writer.read_effective_cpus(directory)
+                current = self._reader.read_effective_cpus(directory)
             except (CgroupWriteError, CPUSetParseError):
                 continue  # removed while walking, or not a cpuset cgroup after all
             if current == pool:
@@ -346,18 +383,6 @@ class DriftWatcher:
         """Ask for a check now (the NRI session went down, the shared pool changed...)."""
         self._wakeup.set()
 
-    async def _check(self) -> DriftReport:
-        # A pool change's pass on its way (the runtime applying it, the verifier writing
-        # what it did not) would look like drift everywhere: wait for it, bounded.
-        if self.writer.pass_in_flight:
-            with trio.move_on_after(self.interval):
-                await self.writer.wait_no_pass()
-        if self.offload:
-            with trio.CancelScope(shield=True):
-                report = await trio.to_thread.run_sync(partial(self.check_once, from_thread=True))
-            return report
-        return self.check_once()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check now, then every ``interval`` seconds or sooner when poked."""
         notify = open_inotify() if self.use_inotify else None
@@ -370,7 +395,7 @@ class DriftWatcher:
                 while True:
                     self._checking = True
                     try:
-                        await self._check()
+                        await self.check()
                         if notify is not None:
                             self._after_check(notify)
                     finally:
@@ -406,9 +431,8 @@ class DriftWatcher:
             self.poke()
 
     def _foreign(self, notify: Inotify, events: list[InotifyEvent]) -> list[InotifyEvent]:
-        """Events in directories dracpu itself wrote (this check's repairs, the verifier's
-        pass, the fallback) are echoes; any other (a write behind our back, a new cgroup)
-        means look again."""
+        """Events in directories dracpu itself wrote (the writer task's repairs and passes)
+        are echoes; any other (a write behind our back, a new cgroup) means look again."""
         ours = self.writer.take_written_dirs()
         return [
             ev for ev in events if not ev.mask & IN_IGNORED and notify.path_of(ev.wd) not in ours

@@ -4,13 +4,13 @@ It reads ``SharedPoolChanged`` from the state owner. Changes that queued up whil
 busy are one push: only the newest pool matters (the convergence is timed from the
 oldest). It sends the containers' updates with ``NRISession.update_containers`` from this
 task of its own (never from inside a runtime request, protocols.md 6.6), then hands the
-verifier (``VerifyCpusets``) one pass over every update, whatever the runtime answered (a
-runtime may call a dropped update a success; those it reported as failed also went to the
-fallback writer, which writes only what still differs), and over every pod sandbox, which
-NRI cannot update at all. That pass is the change's only pass over the cgroups: from the
-push to its end the cgroupfs writer knows one is on its way (``begin_pass``, ended by the
-verifier), and the drift watcher, woken after the push to confine strangers to the new
-pool, waits for it rather than write the same cgroups a second time.
+cgroupfs writer task (``VerifyCpusets``) one pass over every update, whatever the runtime
+answered (a runtime may call a dropped update a success), with the ones it reported as
+failed marked in ``failed``, and over every pod sandbox, which NRI cannot update at all.
+That pass is the change's only pass over the cgroups, and the runtime's failures get no
+other: from the push to its end the writer knows one is on its way (``begin_pass``, ended
+by the writer), and the drift watcher, woken after the push to confine strangers to the
+new pool, waits for it rather than ask for the same cgroups a second time.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import trio
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.logs import get_logger
-from dracpu.messages import SharedPoolChanged, VerifyCpusets
+from dracpu.messages import CpusetUpdateFailed, SharedPoolChanged, VerifyCpusets
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
 
@@ -70,8 +70,9 @@ class PoolPusher:
         handed = False
         try:
             updates = self._plugin.shared_pool_updates()
+            failed: tuple[CpusetUpdateFailed, ...] = ()
             if updates:
-                failed = await self._session.update_containers(updates)
+                failed = tuple(await self._session.update_containers(updates))
                 log.info(
                     "shared pool pushed to containers",
                     pool=change.cpus,
@@ -81,7 +82,9 @@ class PoolPusher:
                 )
             check = (*updates, *self._plugin.sandbox_intents())
             if check and self._verify is not None:
-                await self._verify.send(VerifyCpusets(intents=check, cause="pool", since=since))
+                await self._verify.send(
+                    VerifyCpusets(intents=check, cause="pool", since=since, failed=failed)
+                )
                 handed = True
         finally:
             if not handed and self._writer is not None:

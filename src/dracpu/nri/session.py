@@ -18,8 +18,9 @@ Its lifecycle is one `SessionState`:
 Updates to other containers found while handling a runtime request travel in that
 request's reply. Unsolicited UpdateContainers (`update_containers`) are only sent from the
 caller's own task (the pool pusher): calling the runtime while it waits for one of our
-replies deadlocks it (6.6). Whatever the runtime cannot apply, or cannot be sent, becomes a
-`CpusetUpdateFailed` message for the cgroupfs writer.
+replies deadlocks it (6.6). Whatever the runtime cannot apply, or cannot be sent, comes back
+to the caller as a `CpusetUpdateFailed` (the pusher hands them to the cgroupfs writer in
+the change's one verification pass).
 """
 
 from __future__ import annotations
@@ -113,7 +114,6 @@ class NRISession:
         cdi_dir: str | None = None,
         plugin_name: str = DRIVER_NAME,
         plugin_idx: str = "00",
-        failed_updates: trio.MemorySendChannel[CpusetUpdateFailed] | None = None,
         verify: trio.MemorySendChannel[VerifyCpusets] | None = None,
         metrics: DriverMetrics | None = None,
         reconnect_backoff: tuple[float, float] = (0.5, 30.0),
@@ -134,7 +134,6 @@ class NRISession:
         self._cdi_dir = cdi_dir
         self._plugin_name = plugin_name
         self._plugin_idx = plugin_idx
-        self._failed_updates = failed_updates
         self._verify = verify
         self._metrics = metrics
         self._backoff = (initial, maximum)
@@ -381,13 +380,13 @@ class NRISession:
         return self._handlers.finish_sync(pending, cdi_claims), True
 
     # -- unsolicited updates -----------------------------------------------------------------
-    async def update_containers(self, updates: Sequence[ContainerIntent]) -> list[str]:
-        """Send `updates` with Runtime.UpdateContainers; return the ids that failed.
-
-        Call it from a task of its own, never while a runtime request is being handled.
-        Every failed update (error status, listed in `failed`, timeout, session down) is
-        also sent to `failed_updates` as a `CpusetUpdateFailed`, except those of containers
-        the plugin stopped tracking meanwhile (stopped or removed: nothing to pin).
+    async def update_containers(
+        self, updates: Sequence[ContainerIntent]
+    ) -> list[CpusetUpdateFailed]:
+        """Send `updates` with Runtime.UpdateContainers; return those that failed, each
+        with why (error status, listed in `failed`, timeout, session down), except those
+        of containers the plugin stopped tracking meanwhile (stopped or removed: nothing to
+        pin). Call it from a task of its own, never while a runtime request is handled.
         """
         if not updates:
             return []
@@ -404,9 +403,7 @@ class NRISession:
             failed = [u for u in failed if self._plugin.knows(u.container_id)]
         for update in failed:
             log.warning("cpuset update of container %s failed: %s", update.container_id, reason)
-            if self._failed_updates is not None:
-                await self._failed_updates.send(CpusetUpdateFailed(intent=update, reason=reason))
-        return [u.container_id for u in failed]
+        return [CpusetUpdateFailed(intent=update, reason=reason) for update in failed]
 
     async def _send_updates(
         self, updates: Sequence[ContainerIntent]
