@@ -5,9 +5,14 @@ against it through the official client."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +387,45 @@ async def test_the_client_sees_the_refusal_as_invalid(
         _content_type="application/apply-patch+yaml",
     )
     assert "devices" not in msgspec.json.decode(raw)["status"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
+async def test_kubectl_shows_the_entries_the_writer_applied(
+    kube: tuple[SimAPIServer, KubeClient], tmp_path: Path
+) -> None:
+    server, client = kube
+    allocated_claim(server.store)
+    change = ClaimPrepared(
+        uid="u",
+        namespace="ns",
+        name="c1",
+        cpus="0-1",
+        devices=(StatusDevice(pool="node-a", device="cpudev000"),),
+    )
+    body = apply_body(change, topology=None, node_name="node-a", since=NOW)
+    await client.call_raw(
+        client.resource.patch_namespaced_resource_claim_status,
+        "c1",
+        "ns",
+        body,
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+    kubeconfig = tmp_path / "kubeconfig"  # written by the fixture
+    env = {**os.environ, "HOME": str(tmp_path), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "cache")]
+    shown = await trio.to_thread.run_sync(
+        partial(
+            subprocess.run,
+            [*argv, "get", "resourceclaim", "c1", "-n", "ns", "-o", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
+    )
+    assert shown.returncode == 0, shown.stderr
+    devices = json.loads(shown.stdout)["status"]["devices"]
+    assert devices == body["status"]["devices"]
+    assert devices[0]["data"]["cpuset"] == "0-1"

@@ -33,6 +33,7 @@ from dracpu.k8s.client import K8sError
 from dracpu.topology.model import Topology
 from dracpu_sim.apiserver import SimAPIServer
 from dracpu_sim.apiserver.errors import ApiError
+from dracpu_sim.demo.claim_status import read_statuses, status_line
 from dracpu_sim.demo.offline import (
     OFFLINE_AFTER_START,
     OfflineError,
@@ -326,6 +327,12 @@ async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> Demo
     claims = node.api.list("resourceclaims")
     live = {_claim_key(c): c["metadata"]["uid"] for c in claims}
     devices = {_claim_key(c): claim_devices(c) for c in claims}
+    # Each claim's status.devices as the API server holds it (dracpu writes its entries
+    # beside the prepare: wait a little for those of the claims it holds).
+    statuses = await read_statuses(
+        lambda: node.api.list("resourceclaims"),
+        {key: held.get(uid, "") for key, uid in live.items()},
+    )
     names = applied.names.refresh(node)
     problems = {ref: names.name(problem) for ref, problem in applied.problems.items()}
     explained: set[str] = set()
@@ -339,6 +346,7 @@ async def _collect(node: SimNode, scenario: Scenario, applied: _Applied) -> Demo
         result.claims[key] = {
             "cpus": held.get(live.get(key, ""), ""),
             "devices": devices.get(key, []),
+            "status": statuses.get(key, {}),
             "error": error,
             **extra,
         }
@@ -417,6 +425,9 @@ def _text_report(opts: DemoOptions, result: DemoResult, out: TextIO) -> None:
             w(f"  {key:<{width}} (no CPUs held: unprepared){origin}\n")
         for line in _claim_device_lines(claim):
             w(line)
+        status = status_line(claim.get("status"))
+        if status:
+            w(f"      {status}\n")
     w("\nContainers (cpuset read back from the cgroup tree):\n")
     for key, ctr_cpus in result.containers.items():
         kind = result.container_kinds.get(key, "unexpected")
