@@ -321,6 +321,9 @@ class ClaimStatusWriter:
             raise ValueError(f"forbidden_retry must be > 0 seconds, got {forbidden_retry}")
         self._forbidden_retry = forbidden_retry
         self._now = now
+        # Unbounded: ``send`` is called from the prepare path, which must never wait for
+        # the API server; the task drains the inbox at every wake-up and keeps the last
+        # word per claim, so the queue holds at most the calls since its last wake-up.
         self._send, self._recv = trio.open_memory_channel[ClaimStatusChange](math.inf)
         self._pending: dict[str, _Pending] = {}
         # What we applied last per claim (to skip a repeat) and since when it is Ready.
