@@ -233,6 +233,13 @@ ROOT_FLAGS: tuple[FlagSpec, ...] = (
         "where the cgroup filesystem is mounted",
     ),
     FlagSpec(
+        "proc-root",
+        "string",
+        "/proc",
+        "procRoot",
+        "where procfs is mounted (the boot id, /proc/irq); /proc means $HOST_ROOT/proc",
+    ),
+    FlagSpec(
         "state-dir",
         "string",
         "/var/lib/dracpu",
@@ -261,6 +268,14 @@ ROOT_FLAGS: tuple[FlagSpec, ...] = (
         "publishIsolatedCPUs",
         "publish the CPUs the kernel isolates (isolcpus=) as devices claims can get; "
         "they are never in the shared pool either way",
+    ),
+    FlagSpec(
+        "isolate-irqs",
+        "bool",
+        False,
+        "isolateIRQs",
+        "keep device interrupts off the CPUs of every prepared claim (without it, only "
+        "claims whose allocation options say isolateIRQs: true)",
     ),
     FlagSpec(
         "v", "int", 0, None, "log verbosity (0 key events, 2 decisions, 4 allocation, 6 debug)"

@@ -254,7 +254,8 @@ def test_options_from_kv() -> None:
         (
             ["numa=1"],
             "invalid --option 'numa=1': unknown key 'numa' (known: fullPCPUsOnly, "
-            "distributeAcrossNUMA, preferAlignByUncoreCache, sharedPoolAccess, strategy)",
+            "distributeAcrossNUMA, preferAlignByUncoreCache, sharedPoolAccess, isolateIRQs, "
+            "strategy)",
         ),
         (
             ["strategy=packed", "strategy=spread"],

@@ -49,10 +49,12 @@ def test_root_flag_table() -> None:
         "nri-socket": ("string", "/var/run/nri/nri.sock", "nriSocket", False),
         "cdi-dir": ("string", "/var/run/cdi", "cdiDir", False),
         "cgroup-root": ("string", "/sys/fs/cgroup", "cgroupRoot", False),
+        "proc-root": ("string", "/proc", "procRoot", False),
         "state-dir": ("string", "/var/lib/dracpu", "stateDir", False),
         "log-format": ("enum", "text", "logFormat", False),
         "align-memory": ("bool", False, "alignMemory", False),
         "publish-isolated-cpus": ("bool", True, "publishIsolatedCPUs", False),
+        "isolate-irqs": ("bool", False, "isolateIRQs", False),
         "v": ("int", 0, None, False),
         "vmodule": ("string", "", None, False),
     }

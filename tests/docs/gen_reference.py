@@ -26,6 +26,7 @@ import msgspec
 
 from dracpu.config import UPSTREAM_KEYS, ConfigError, DriverConfig, load_config
 from dracpu.flags import COMMANDS, COMPATIBILITY_PATHS, ROOT_FLAGS, FlagSpec
+from dracpu.irq.metrics import IRQ_METRIC_DEFINITIONS
 from dracpu.metrics import (
     CONVERGENCE_BUCKETS,
     CPU_COUNT_BUCKETS,
@@ -140,6 +141,7 @@ def metrics_table() -> str:
     for origin, definitions in (
         ("contract", METRIC_DEFINITIONS),
         ("dracpu", DRACPU_METRIC_DEFINITIONS),
+        ("dracpu", IRQ_METRIC_DEFINITIONS),
     ):
         for d in definitions:
             labels = ", ".join(f"`{label}`" for label in d.labels) or "—"

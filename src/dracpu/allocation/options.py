@@ -5,7 +5,8 @@ whose parameters are an ``AllocationOptions`` object (docs/allocation-options.md
 
     {"apiVersion": "dra.cpu/v1alpha1", "kind": "AllocationOptions",
      "fullPCPUsOnly": true, "distributeAcrossNUMA": false,
-     "preferAlignByUncoreCache": true, "strategy": "packed", "sharedPoolAccess": false}
+     "preferAlignByUncoreCache": true, "strategy": "packed", "sharedPoolAccess": false,
+     "isolateIRQs": false}
 
 ``kind`` is what tells this object apart from the machine-mode cpuset override
 (``{"apiVersion": "v1alpha1", "cpuConfig": {...}}``), which has none. The CLI spells the
@@ -53,6 +54,10 @@ class AllocationOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     # Not an allocation choice: the claim holder's cpuset is its exclusive CPUs plus the
     # shared pool (kept up to date), while DRA_CPUSET_<uid> names only the exclusive ones.
     shared_pool_access: bool = False
+    # Not an allocation choice either: while the claim is prepared, device interrupts are
+    # kept off its CPUs (dracpu.irq). Last, so the checkpoint codec can leave it out when
+    # false and checkpoints of dracpu versions without it keep their checksum.
+    isolate_irqs: bool = False
 
     def __post_init__(self) -> None:
         # kubelet rejects the same pair: spread hands out one thread per core on purpose.
@@ -78,6 +83,7 @@ class _Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     full_pcpus_only: bool = msgspec.field(default=False, name="fullPCPUsOnly")
     distribute_across_numa: bool = msgspec.field(default=False, name="distributeAcrossNUMA")
     shared_pool_access: bool = msgspec.field(default=False, name="sharedPoolAccess")
+    isolate_irqs: bool = msgspec.field(default=False, name="isolateIRQs")
 
 
 _JSON_DECODER = msgspec.json.Decoder(dict[str, object])
@@ -110,6 +116,7 @@ def parse_allocation_options(params: Mapping[str, object]) -> AllocationOptions:
             full_pcpus_only=wire.full_pcpus_only,
             distribute_across_numa=wire.distribute_across_numa,
             shared_pool_access=wire.shared_pool_access,
+            isolate_irqs=wire.isolate_irqs,
         )
     except AllocationOptionsError as exc:
         raise AllocationOptionsError(f"invalid allocation options: {exc}") from None
@@ -130,6 +137,7 @@ _KV_FIELDS = {
     "distributeAcrossNUMA": "distribute_across_numa",
     "preferAlignByUncoreCache": "prefer_align_by_uncore_cache",
     "sharedPoolAccess": "shared_pool_access",
+    "isolateIRQs": "isolate_irqs",
     "strategy": "strategy",
 }
 _BOOLS = {"true": True, "false": False}

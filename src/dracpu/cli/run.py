@@ -103,7 +103,8 @@ def start_daemon(explicit: dict[str, object]) -> NoReturn:
     except K8sError as err:
         raise CLIError(f"failed to create the Kubernetes client: {err}") from err
     log.info("configuration successfully loaded", config=config_dump_yaml(config))
-    proc_root = str(host_path("proc"))
+    # --proc-root points at another procfs (a fake tree in tests and the simulated node).
+    proc_root = config.procRoot if config.procRoot != "/proc" else str(host_path("proc"))
     daemon = Daemon(config, kube=kube, node_name=node_name, proc_root=proc_root)
 
     async def startup(sup: Supervisor) -> None:

@@ -244,6 +244,8 @@ def _validate(cfg: DriverConfig) -> DriverConfig:
         problem = "invalid kubeletRootDir: must not be empty"
     elif not root.startswith("/"):
         problem = f"invalid kubeletRootDir {go_quote(root)}: must be an absolute path"
+    elif not cfg.procRoot.startswith("/"):
+        problem = f"invalid procRoot {go_quote(cfg.procRoot)}: must be an absolute path"
     elif cfg.logFormat not in ("text", "json"):
         problem = f'invalid logFormat {go_quote(cfg.logFormat)}: must be "text" or "json"'
     if problem is not None:

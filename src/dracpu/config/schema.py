@@ -52,12 +52,14 @@ class DriverConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     nriSocket: str = "/var/run/nri/nri.sock"
     cdiDir: str = "/var/run/cdi"
     cgroupRoot: str = "/sys/fs/cgroup"
+    procRoot: str = "/proc"
     stateDir: str = "/var/lib/dracpu"
     debugAddress: str = "127.0.0.1:8081"
     logFormat: str = "text"
     # Beyond upstream, allowed in the file too: not host paths.
     alignMemory: bool = False
     publishIsolatedCPUs: bool = True
+    isolateIRQs: bool = False
 
 
 # The keys of the Go driver's Config, in the order §3.1 lists them.
@@ -89,7 +91,7 @@ EXCLUDED_HINTS: dict[str, str] = {
 }
 # dracpu's own settings that a config file may set (the other dracpu-only keys are host
 # paths and daemon plumbing: flags only).
-FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory", "publishIsolatedCPUs")
+FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory", "publishIsolatedCPUs", "isolateIRQs")
 for _spec in ROOT_FLAGS:
     if (
         _spec.config_key

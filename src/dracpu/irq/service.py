@@ -1,0 +1,288 @@
+"""``IrqIsolation``: the service that keeps device interrupts off banned CPUs.
+
+It wakes on each message of the state owner's claim events (``ClaimPrepared`` and
+``ClaimUnprepared``: a prepare or an unprepare committed) and reads the prepared claims
+from the owner's read-only view; its first pass, at start, works from the claims the
+checkpoint restored. The banned CPUs are the union of the CPUs of every prepared claim
+that asked (``isolateIRQs`` in its allocation options) or of every prepared claim when the
+node config says so (``isolateIRQs``). Each change is one pass (``plan.plan_pass``) in a
+worker thread, shielded from cancellation so a stop never leaves a record that does not
+match the masks:
+
+1. read ``default_smp_affinity`` and every ``<N>/smp_affinity_list``; a file that cannot
+   be read or holds what no kernel prints is reported and the pass writes nothing for it
+   (an unreadable default ends the pass before anything is written);
+2. write the record of originals (``record.py``) if it changed, before any mask;
+3. write the masks that differ from the wanted ones. A write the kernel refuses (managed
+   interrupts: EIO, EPERM since Linux 6.12) is counted and not tried again by this
+   process; an interrupt that vanished meanwhile is forgotten;
+4. with nothing banned any more, forget the originals that were given back.
+
+While something is banned a pass also runs every ``resync_interval`` (60 s), putting back
+what another writer (irqbalance) moved onto banned CPUs; a failed pass is retried after
+``retry_interval``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from dracpu.allocation.store import ClaimRecord
+from dracpu.cpuset import CPUSet
+from dracpu.irq.metrics import IrqMetrics
+from dracpu.irq.plan import plan_pass
+from dracpu.irq.procfs import IrqFileError, IrqWriteError, ProcIrq
+from dracpu.irq.record import IrqRecord, IrqRecordError, RecordFile
+from dracpu.logs import get_logger
+
+__all__ = ["IrqIsolation", "PassReport", "banned_cpus"]
+
+log = get_logger("dracpu.irq")
+
+
+def banned_cpus(claims: Iterable[ClaimRecord], *, isolate_all: bool) -> CPUSet:
+    """The CPUs device interrupts must avoid while these claims are prepared."""
+    mask = 0
+    for claim in claims:
+        if isolate_all or any(o.isolate_irqs for o in claim.options.values()):
+            mask |= claim.cpus.mask
+    return CPUSet.from_mask(mask)
+
+
+@dataclass(slots=True)
+class PassReport:
+    """What one pass did; ``unmoved`` lists interrupts still allowed on banned CPUs."""
+
+    banned: CPUSet
+    written: int = 0
+    refused: list[int] = field(default_factory=list)
+    would_empty: list[int] = field(default_factory=list)
+    errors: dict[int, str] = field(default_factory=dict)
+    default_problem: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "bannedCPUs": self.banned.format(),
+            "written": self.written,
+            "refused": self.refused,
+            "wouldEmpty": self.would_empty,
+            "errors": {str(k): v for k, v in sorted(self.errors.items())},
+            **({"defaultAffinity": self.default_problem} if self.default_problem else {}),
+        }
+
+
+class IrqIsolation:
+    """Keeps ``/proc/irq`` masks off banned CPUs; the constructor does no I/O."""
+
+    def __init__(
+        self,
+        proc_root: str,
+        state_dir: str,
+        *,
+        boot_id: str,
+        claims: Callable[[], Iterable[ClaimRecord]],
+        isolate_all: bool = False,
+        metrics: IrqMetrics | None = None,
+        resync_interval: float = 60.0,
+        retry_interval: float = 30.0,
+    ) -> None:
+        self.proc = ProcIrq(proc_root)
+        self.record_file = RecordFile(state_dir)
+        self.boot_id = boot_id
+        self.claims = claims
+        self.isolate_all = isolate_all
+        self.metrics = metrics
+        self.resync_interval = resync_interval
+        self.retry_interval = retry_interval
+        self.record = IrqRecord(boot_id=boot_id)
+        self.last: PassReport | None = None
+        self.last_error = ""
+        self.passes = 0
+        # Interrupts the kernel refused to move: refused for their whole life.
+        self._refused: set[int] = set()
+
+    # -- blocking halves (worker thread) ------------------------------------------------
+    def load(self) -> None:
+        """Read the record left by an earlier dracpu of this boot."""
+        self.record, note = self.record_file.load(self.boot_id)
+        if note:
+            log.warning("interrupt affinity record dropped", note=note)
+        elif not self.record.empty:
+            log.info(
+                "interrupt affinity record found",
+                banned=self.record.banned.format(),
+                interrupts=len(self.record.originals),
+            )
+
+    def apply(self, banned: CPUSet) -> PassReport:
+        """One pass (blocking). Raises IrqFileError or IrqRecordError when it wrote nothing."""
+        report = PassReport(banned=banned)
+        record = self.record
+        if not banned and record.empty:
+            self._show(report)
+            return report
+        current_default = self.proc.read_default()
+        current: dict[int, CPUSet] = {}
+        for irq in self.proc.irqs():
+            try:
+                current[irq] = self.proc.read_affinity(irq)
+            except IrqFileError as exc:
+                report.errors[irq] = str(exc)
+        plan = plan_pass(
+            banned=banned,
+            current=current,
+            current_default=current_default,
+            originals=record.originals,
+            default_original=record.default_original,
+        )
+        originals = dict(plan.originals)
+        for irq in report.errors:  # unreadable now: what was remembered stays remembered
+            if irq in record.originals:
+                originals[irq] = record.originals[irq]
+        self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
+        if plan.default_would_empty:
+            report.default_problem = "every CPU of the default affinity is banned: left as is"
+        if plan.default_write is not None:
+            try:
+                self.proc.write_default(plan.default_write)
+                report.written += 1
+                self._count("success")
+            except IrqWriteError as exc:
+                report.default_problem = str(exc)
+                self._count("error")
+        report.would_empty = list(plan.would_empty)
+        restore_failed: set[int] = set()
+        for irq, cpus in plan.writes.items():
+            if irq in self._refused:
+                report.refused.append(irq)
+                continue
+            try:
+                self.proc.write_affinity(irq, cpus)
+            except IrqWriteError as exc:
+                if exc.gone:
+                    originals.pop(irq, None)
+                elif exc.refused:
+                    self._refused.add(irq)
+                    report.refused.append(irq)
+                    self._count("refused")
+                else:
+                    report.errors[irq] = str(exc)
+                    restore_failed.add(irq)
+                    self._count("error")
+                continue
+            report.written += 1
+            self._count("success")
+        # Refused interrupts left on banned CPUs: only those whose mask has banned CPUs.
+        report.refused = [i for i in report.refused if current.get(i, CPUSet()) & banned]
+        if not banned:
+            # Given back: forget them, except what could not be read or written back.
+            keep = restore_failed | set(report.errors)
+            default_kept = plan.default_original if report.default_problem else None
+            self._save(
+                IrqRecord(
+                    self.boot_id,
+                    CPUSet(),
+                    default_kept,
+                    {i: c for i, c in originals.items() if i in keep},
+                )
+            )
+        elif originals != plan.originals:
+            self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
+        self._show(report)
+        return report
+
+    def _save(self, record: IrqRecord) -> None:
+        if record != self.record:
+            self.record_file.save(record)
+            self.record = record
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_write(result)
+
+    def _show(self, report: PassReport) -> None:
+        self.last = report
+        self.passes += 1
+        if self.metrics is not None:
+            self.metrics.show(
+                banned=len(report.banned),
+                refused=len(report.refused),
+                would_empty=len(report.would_empty),
+                error=len(report.errors),
+            )
+
+    # -- the service ----------------------------------------------------------------------
+    async def run(
+        self,
+        changes: trio.MemoryReceiveChannel[Any],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """A pass at start, after each change of the prepared claims, every
+        ``resync_interval`` while something is banned, and ``retry_interval`` after one
+        that failed. The channel ending stops the service."""
+        await trio.to_thread.run_sync(self.load)
+        # The first pass before ``started``: a restart has put the masks right (given back
+        # what no prepared claim bans any more) before the kubelet can call.
+        banned = banned_cpus(self.claims(), isolate_all=self.isolate_all)
+        failed = not await self._pass(banned)
+        task_status.started()
+        while True:
+            if failed:
+                wait = self.retry_interval
+            elif banned:
+                wait = self.resync_interval
+            else:
+                wait = math.inf
+            with trio.move_on_after(wait):
+                try:
+                    await changes.receive()
+                except trio.EndOfChannel:
+                    return
+                while True:  # one pass for every change queued meanwhile
+                    try:
+                        changes.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+            banned = banned_cpus(self.claims(), isolate_all=self.isolate_all)
+            failed = not await self._pass(banned)
+
+    async def _pass(self, banned: CPUSet) -> bool:
+        try:
+            with trio.CancelScope(shield=True):
+                report = await trio.to_thread.run_sync(self.apply, banned)
+        except (IrqFileError, IrqRecordError) as exc:
+            self.last_error = str(exc)
+            log.error("interrupt affinities not changed", err=exc, banned=banned.format())
+            return False
+        self.last_error = ""
+        if report.refused or report.would_empty or report.errors or report.default_problem:
+            log.warning(
+                "some interrupts stay on banned CPUs",
+                banned=banned.format(),
+                refused=len(report.refused),
+                wouldEmpty=len(report.would_empty),
+                errors=len(report.errors),
+                default=report.default_problem or None,
+            )
+        elif report.written:
+            log.info(
+                "interrupt affinities changed", v=2, banned=banned.format(), writes=report.written
+            )
+        return not report.errors and not report.default_problem.startswith("cannot")
+
+    def describe(self) -> dict[str, Any]:
+        """The ``irq`` part of ``/debug/state``."""
+        return {
+            "isolateAll": self.isolate_all,
+            "bannedCPUs": self.record.banned.format(),
+            "remembered": len(self.record.originals),
+            "passes": self.passes,
+            "lastPass": self.last.describe() if self.last is not None else None,
+            "lastError": self.last_error or None,
+        }
