@@ -84,20 +84,21 @@ class HotplugWatcher:
     def __init__(
         self,
         source: SysfsSource,
-        online: CPUSet,
+        view: NodeView,
         changes: trio.MemorySendChannel[TopologyChanged],
         *,
         interval: float = 2.0,
     ) -> None:
-        """``online`` is the set the daemon started with; ``changes`` is where each change
-        goes (a restarted watcher keeps sending there: each run holds a clone of it, so
-        the receiver ends once the watcher stops for good and ``close`` was called)."""
+        """The online CPUs are compared with the owner's (``view.online``: their one
+        holder); ``changes`` is where each change goes (a restarted watcher keeps sending
+        there: each run holds a clone of it, so the receiver ends once the watcher stops
+        for good and ``close`` was called)."""
         if interval <= 0:
             raise ValueError(f"hotplug check interval must be positive, got {interval}")
         self.source = source
         self.interval = interval
-        self.online = online
         self.events = 0
+        self._view = view
         self._changes = changes
 
     def close(self) -> None:
@@ -116,7 +117,7 @@ class HotplugWatcher:
                 except TopologyError as exc:
                     log.warning("cannot read the online CPUs", err=exc)
                     continue
-                if online != self.online:
+                if online != self._view.online:
                     await self._changed(online, out)
 
     async def _changed(self, online: CPUSet, out: trio.MemorySendChannel[TopologyChanged]) -> None:
@@ -132,8 +133,9 @@ class HotplugWatcher:
         except TopologyError as exc:
             log.warning("CPU hotplug: cannot discover the topology again", err=exc)
             return
-        went, came = self.online - online, online - self.online
-        self.online = online
+        # Sent and applied before the next poll: the owner's online CPUs are these then.
+        known = self._view.online
+        went, came = known - online, online - known
         self.events += 1
         log.warning(
             "online CPUs changed",
