@@ -535,3 +535,51 @@ def test_a_repair_another_writer_made_meanwhile_is_not_written_again(tmp_path: P
     report = tree.check(watcher)
     assert (report.drifted, report.repaired) == (1, 0)
     assert tree.sample("dracpu_cgroup_drift_repairs_total", result="success") == 0
+
+
+async def test_a_writer_that_stops_mid_repair_is_one_error(tmp_path: Path) -> None:
+    # The watcher waits for the writer's answer; a writer that crashed on its request
+    # closes the reply channel, and the check reports that instead of hanging.
+    tree = Tree(tmp_path, n=1)
+    (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+    w = tree.watcher()
+
+    def broken(*intents: object) -> None:
+        raise RuntimeError("writer bug")
+
+    w.writer._write_repairs = broken  # type: ignore[method-assign,assignment]
+    crashed: list[BaseException] = []
+
+    async def writer() -> None:
+        try:
+            await w.writer.run(tree.view)
+        except* RuntimeError as group:
+            crashed.extend(group.exceptions)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        with trio.fail_after(10):
+            report = await w.check()
+    assert [str(e) for e in crashed] == ["writer bug"]
+    assert (report.drifted, report.repaired, report.errors) == (1, 0, 1)
+    assert report.error_messages == ("the cgroupfs writer stopped before repairing",)
+    assert read(tree.leaf(0) / "cpuset.cpus") == "7"
+
+
+def test_the_watcher_never_writes(tmp_path: Path) -> None:
+    # Every write goes through the writer task: a check whose writer answers with nothing
+    # written leaves the tree as it found it.
+    tree = Tree(tmp_path, n=2)
+    (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+    stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
+    w = tree.watcher()
+    w.writer.write_many = lambda intents, **kw: []  # type: ignore[method-assign,assignment,misc]
+    report = tree.check(w)
+    assert (report.drifted, report.repaired, report.unknown_found, report.unknown_confined) == (
+        1,
+        0,
+        1,
+        0,
+    )
+    assert read(tree.leaf(0) / "cpuset.cpus") == "7"
+    assert read(stray / "cpuset.cpus") == "0-7"
