@@ -106,9 +106,12 @@ def render_cpu_map(
     shared: CPUSet,
     reserved: CPUSet = CPUSet(),  # noqa: B008 - CPUSet is immutable
     isolated: CPUSet = CPUSet(),  # noqa: B008
+    notes: Mapping[str, str] | None = None,
 ) -> str:
     """The map as text; ``claims`` maps a label (e.g. ``ns/claim``) to its CPUs;
-    ``isolated`` CPUs that no claim holds are marked apart (they are never shared)."""
+    ``isolated`` CPUs that no claim holds are marked apart (they are never shared).
+    ``notes`` maps a claim's label to a line shown under its legend entry (what the
+    claim's ``status.devices`` says)."""
     owner, legend = _marks(claims, shared, reserved, isolated)
     groups: dict[tuple[int, int, int], dict[tuple[int, int, int], list[int]]] = {}
     for row in sorted(rows, key=lambda r: (r.socket, r.numa, r.l3, r.cpu)):
@@ -126,6 +129,9 @@ def render_cpu_map(
     name_width = max((len(label) for _, label, _ in legend), default=0)
     for mark, label, cpus in legend:
         lines.append(f"    {mark}  {label:<{name_width}}  {_describe(cpus)}")
+        note = (notes or {}).get(label) if mark not in (SHARED_MARK, RESERVED_MARK) else None
+        if note:
+            lines.append(f"       {note}")
     if any(owner.get(r.cpu, UNMANAGED_MARK) == UNMANAGED_MARK for r in rows):
         lines.append(f"    {UNMANAGED_MARK}  not managed by dracpu")
     return "\n".join(lines) + "\n"

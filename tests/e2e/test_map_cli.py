@@ -31,6 +31,10 @@ async def test_map_of_a_running_daemon(short_tmp: str) -> None:
         with trio.fail_after(30):
             while node.pod_states().get("default/p", {}).get("phase") != "Running":
                 await trio.sleep(0.1)
+        # dracpu writes the claim's status.devices beside the prepare: wait for it.
+        with trio.fail_after(30):
+            while "written" not in (await node.debug_state())["claimStatus"]["claims"].values():
+                await trio.sleep(0.1)
         state = await node.debug_state()
         proc = await trio.to_thread.run_sync(dracpu, "map", "--url", daemon.debug_url)
         nursery.cancel_scope.cancel()
@@ -42,6 +46,8 @@ async def test_map_of_a_running_daemon(short_tmp: str) -> None:
     assert lines[2].startswith("  Socket 1 · NUMA 1 · L3 1   ")
     assert lines[2].endswith(".r")  # CPU 79 is reserved: the second thread of the last core
     assert f"    A  default/four  {cpus} (4 CPUs)" in lines
+    legend = lines.index(f"    A  default/four  {cpus} (4 CPUs)")
+    assert lines[legend + 1] == "       status.devices: written"
     # The reserved CPU is the pool's floor: shared, and marked r.
     assert f"    .  shared pool   {state['sharedPool']} (76 CPUs)" in lines
     assert "    r  reserved      79 (1 CPU)" in lines

@@ -50,10 +50,35 @@ def cmd_map(argv: Sequence[str]) -> int:
         shared = CPUSet.parse(state.get("sharedPool", ""))
         reserved = CPUSet.parse(state.get("reserved", ""))
         isolated = CPUSet.parse(state.get("isolated", ""))
+        notes, status_off = _status_notes(state)
     except (ValueError, CPUSetParseError, KeyError, TypeError, AttributeError) as err:
         raise CLIError(f"{url} is not a dracpu debug state: {err}") from err
     print(f"node {state.get('node', '?')}")
     sys.stdout.write(
-        render_cpu_map(rows, claims=claims, shared=shared, reserved=reserved, isolated=isolated)
+        render_cpu_map(
+            rows,
+            claims=claims,
+            shared=shared,
+            reserved=reserved,
+            isolated=isolated,
+            notes=notes,
+        )
     )
+    if status_off:
+        print(f"claims' status.devices not written: {status_off}")
     return 0
+
+
+def _status_notes(state: Any) -> tuple[dict[str, str], str]:
+    """Per claim label, what the daemon did with the claim's ``status.devices`` (its
+    ``claimStatus`` section: written, writing, removing, retrying and why); and why the
+    daemon writes none, if it does not. A daemon without the section gives nothing."""
+    section = state.get("claimStatus") or {}
+    status = section.get("claims") or {}
+    notes: dict[str, str] = {}
+    for claim in state.get("claims") or []:
+        label = f"{claim['namespace']}/{claim['name']}" if claim.get("name") else claim["uid"]
+        said = status.get(claim["uid"])
+        if said:
+            notes[label] = f"status.devices: {said}"
+    return notes, str(section.get("disabled") or "")
