@@ -14,6 +14,11 @@ The file is JSON::
 document without ``checksum``, as msgspec writes it: fields in declaration order, no
 whitespace). The version is checked before the schema, so a file from a newer dracpu is
 reported as such and not as corruption.
+
+Fields added to a claim's allocation options after version 1 (``isolate_irqs``) are left
+out of the file while they hold their default, so a checkpoint written before they existed
+keeps its checksum, and one written now reads the same in a dracpu that predates them
+unless a claim uses them.
 """
 
 from __future__ import annotations
@@ -97,6 +102,21 @@ def _dec_hook(typ: type, obj: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+# AllocationOptions fields newer than checkpoint version 1, with their defaults.
+_LATER_OPTION_DEFAULTS = {"isolate_irqs": False}
+
+
+def _encode(doc: _Payload) -> bytes:
+    """The canonical bytes: msgspec's encoding, later option fields left out at default."""
+    if not any(r.options for r in doc.claims):
+        return _ENCODER.encode(doc)  # the usual case: no options, nothing to leave out
+    data = msgspec.to_builtins(doc, enc_hook=_enc_hook)
+    for claim in data["claims"]:
+        for options in claim["options"].values():
+            for name, default in _LATER_OPTION_DEFAULTS.items():
+                if options.get(name, default) == default:
+                    options.pop(name, None)
+    return _ENCODER.encode(data)
 _HEAD_DECODER = msgspec.json.Decoder(_Head)
 _DECODER = msgspec.json.Decoder(Checkpoint, dec_hook=_dec_hook)
 
@@ -108,12 +128,12 @@ def checkpoint_checksum(cp: _Payload) -> str:
         config_fingerprint=cp.config_fingerprint,
         claims=cp.claims,
     )
-    return _CHECKSUM_PREFIX + hashlib.sha256(_ENCODER.encode(payload)).hexdigest()
+    return _CHECKSUM_PREFIX + hashlib.sha256(_encode(payload)).hexdigest()
 
 
 def encode_checkpoint(cp: Checkpoint) -> bytes:
     """The file content; the checksum is computed here, whatever ``cp.checksum`` says."""
-    return _ENCODER.encode(msgspec.structs.replace(cp, checksum=checkpoint_checksum(cp)))
+    return _encode(msgspec.structs.replace(cp, checksum=checkpoint_checksum(cp)))
 
 
 def decode_checkpoint(data: bytes) -> Checkpoint:
