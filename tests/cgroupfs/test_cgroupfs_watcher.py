@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from dracpu.cgroupfs.drift import DriftReport, container_id_of, find_drift, is_container_dir
 from dracpu.cgroupfs.inotify import IN_CREATE, IN_MODIFY, decode_events, open_inotify
 from dracpu.cgroupfs.watcher import DriftWatcher
-from dracpu.cgroupfs.writer import CgroupWriter
+from dracpu.cgroupfs.writer import CgroupWriter, DriftRepair, RepairResults
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
@@ -583,3 +583,25 @@ def test_the_watcher_never_writes(tmp_path: Path) -> None:
     )
     assert read(tree.leaf(0) / "cpuset.cpus") == "7"
     assert read(stray / "cpuset.cpus") == "0-7"
+
+
+async def test_a_repair_whose_asker_stopped_waiting_does_not_stop_the_writer(
+    tmp_path: Path,
+) -> None:
+    tree = Tree(tmp_path, n=1)
+    (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+    w = tree.watcher()
+    reply_send, reply = trio.open_memory_channel[RepairResults](1)
+    reply.close()  # the check was cancelled while its request waited in the inbox
+    inbox = w.writer.inbox()
+    drifted = (tree.intents[0],)
+    await inbox.send(DriftRepair(drifted=drifted, sandboxes=(), strangers=(), reply=reply_send))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.writer.run, tree.view)
+        with trio.fail_after(10):
+            while read(tree.leaf(0) / "cpuset.cpus") != "0-1":
+                await trio.sleep(0.01)
+            # Still serving: the next check is answered.
+            (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
+            assert (await w.check()).repaired == 1
+        nursery.cancel_scope.cancel()

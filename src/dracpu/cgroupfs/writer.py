@@ -21,6 +21,7 @@ change, whoever asked. The names callers use from the layers below are re-export
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -236,7 +237,7 @@ class CgroupWriter(BlockingCgroupWriter):
         those are written, in the same trip to the thread that reads the next chunk.
         """
         wanted = [i for i in message.intents if i.cgroups_path]
-        failed = {f.intent.container_id: f.reason for f in message.failed}
+        failed = {f.intent.container_id: f.why for f in message.failed}
         pending = iter(wanted)
         results: Results = []
         with trio.CancelScope(shield=True):
@@ -272,7 +273,9 @@ class CgroupWriter(BlockingCgroupWriter):
                     results = await self._blocking(
                         partial(self._write_repairs, drifted, sandboxes, strangers)
                     )
-            request.reply.send_nowait(results)
+            # A watcher that stopped waiting (cancelled) closed its end: the writes stand.
+            with contextlib.suppress(trio.BrokenResourceError):
+                request.reply.send_nowait(results)
 
     def _write_repairs(
         self,
