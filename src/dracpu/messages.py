@@ -48,10 +48,21 @@ __all__ = [
     "CpusetUpdateFailed",
     "SharedPoolChanged",
     "TopologyChanged",
+    "UpdateFailure",
     "VerifyCause",
     "VerifyCpusets",
 ]
 
+# Why an UpdateContainers did not apply an update: the session was down (or not
+# synchronized), the call timed out, the runtime listed the container as failed, answered
+# with an error status, or sent a reply that does not decode.
+UpdateFailure: TypeAlias = Literal[
+    "NRI session down",
+    "timed out",
+    "listed as failed by the runtime",
+    "UpdateContainers failed",
+    "undecodable UpdateContainers reply",
+]
 # Why the claims to keep changed: a prepare or an unprepare on its way to commit, or claims
 # adopted from running containers at Synchronize.
 ClaimsChangeReason: TypeAlias = Literal["prepare", "unprepare", "synchronize"]
@@ -85,12 +96,18 @@ class ContainerIntent(msgspec.Struct, frozen=True, kw_only=True):
 class CpusetUpdateFailed(msgspec.Struct, frozen=True, kw_only=True):
     """The runtime could not apply an update: the cgroupfs writer applies it instead.
 
-    ``reason`` says why (the UpdateContainers error, ``listed as failed by the runtime``,
-    ``timed out``, ``NRI session down``).
+    ``reason`` says why; ``detail`` is the runtime's error message (``UpdateContainers
+    failed``) or the decoder's (``undecodable UpdateContainers reply``), else empty.
+    ``why`` is both as one line, as the logs show it.
     """
 
     intent: ContainerIntent
-    reason: str
+    reason: UpdateFailure
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
 
 
 class CheckpointWritten(msgspec.Struct, frozen=True, kw_only=True):

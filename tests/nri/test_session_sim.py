@@ -222,7 +222,7 @@ async def test_update_containers_success_and_failures(short_tmp: str, tmp_path: 
         sim.fail_updates(1)
         reasons = await node.session.update_containers(updates)
         assert [r.intent.container_id for r in reasons] == [s1, s2]
-        assert reasons[0].reason == "UpdateContainers failed: simulated UpdateContainers failure"
+        assert reasons[0].why == "UpdateContainers failed: simulated UpdateContainers failure"
         assert reasons[0].intent.cgroups_path == f"/kubepods/podp0/{s1}"
         assert reasons[0].intent.cpus == "0-7"
 

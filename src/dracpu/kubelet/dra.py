@@ -175,11 +175,6 @@ class DRAService:
         # Like _offload_io, for metadata files: a caller's choice holds for them too.
         self._metadata_offload = offload_io
 
-    def use_topology(self, topology: Topology, inventory: DeviceNames, online: CPUSet) -> None:
-        """Until the daemon's wiring sends hotplug changes to the owner: the owner plans
-        with these from now on (``NodeState.use_topology``)."""
-        self.state.use_topology(topology, inventory, online)
-
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
 

@@ -41,7 +41,7 @@ from dracpu import DRIVER_NAME, cdi
 from dracpu.cgroupfs.inotify import EntryWatch
 from dracpu.cpuset import CPUSet
 from dracpu.logs import operation
-from dracpu.messages import ContainerIntent, CpusetUpdateFailed, VerifyCpusets
+from dracpu.messages import ContainerIntent, CpusetUpdateFailed, UpdateFailure, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.errors import ProtocolError
 from dracpu.nri.handlers import NRI_API_VERSION, PluginHandlers, fill_updates
@@ -390,7 +390,7 @@ class NRISession:
         """
         if not updates:
             return []
-        failed, reason = await self._send_updates(updates)
+        failed, reason, detail = await self._send_updates(updates)
         # A container stopped or removed while the update was on its way is no longer
         # ours to pin: its failure is expected and nothing falls back to cgroupfs for it.
         gone = [u for u in failed if not self._plugin.knows(u.container_id)]
@@ -401,17 +401,20 @@ class NRISession:
                 ",".join(u.container_id for u in gone),
             )
             failed = [u for u in failed if self._plugin.knows(u.container_id)]
-        for update in failed:
-            log.warning("cpuset update of container %s failed: %s", update.container_id, reason)
-        return [CpusetUpdateFailed(intent=update, reason=reason) for update in failed]
+        out = [CpusetUpdateFailed(intent=u, reason=reason, detail=detail) for u in failed]
+        for message in out:
+            log.warning(
+                "cpuset update of container %s failed: %s", message.intent.container_id, message.why
+            )
+        return out
 
     async def _send_updates(
         self, updates: Sequence[ContainerIntent]
-    ) -> tuple[list[ContainerIntent], str]:
-        """One UpdateContainers call: the updates that failed and why."""
+    ) -> tuple[list[ContainerIntent], UpdateFailure, str]:
+        """One UpdateContainers call: the updates that failed, why, and the detail."""
         peer = self._peer
         if peer is None or not self.is_synchronized:
-            return list(updates), "NRI session down"
+            return list(updates), "NRI session down", ""
         request = api_pb2.UpdateContainersRequest()
         fill_updates(request.update, updates)
         try:
@@ -422,15 +425,15 @@ class NRISession:
                 timeout=self._update_timeout,
             )
         except trio.TooSlowError:
-            return list(updates), "timed out"
+            return list(updates), "timed out", ""
         except CallFailed as exc:
-            return list(updates), f"UpdateContainers failed: {exc.status.message}"
+            return list(updates), "UpdateContainers failed", exc.status.message
         except PeerClosed:
-            return list(updates), "NRI session down"
+            return list(updates), "NRI session down", ""
         try:
             response = api_pb2.UpdateContainersResponse.FromString(payload)
         except DecodeError as exc:
-            return list(updates), f"undecodable UpdateContainers reply: {exc}"
+            return list(updates), "undecodable UpdateContainers reply", str(exc)
         failed_ids = {u.container_id for u in response.failed}
         failed = [u for u in updates if u.container_id in failed_ids]
-        return failed, "listed as failed by the runtime"
+        return failed, "listed as failed by the runtime", ""
