@@ -21,7 +21,7 @@ import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,7 +255,7 @@ def _as_gathered(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def other_drivers_slices(
-    slices: list[Mapping[str, Any]], node_name: str, driver: str
+    slices: Sequence[Mapping[str, Any]], node_name: str, driver: str
 ) -> list[dict[str, Any]]:
     """The slices of this node (``spec.nodeName``) that another driver than ``driver``
     published, by name, as gathered (``_as_gathered``). Slices for all nodes or chosen by

@@ -97,7 +97,7 @@ def test_only_other_drivers_slices_of_this_node_without_server_metadata() -> Non
         {"metadata": {"name": "d"}, "spec": {"driver": "gpu.example.com", "nodeName": "n2"}},
         {"metadata": {"name": "e"}, "spec": {"driver": "gpu.example.com", "allNodes": True}},
     ]  # fmt: skip
-    got = other_drivers_slices(slices, "n1", "dra.cpu")  # type: ignore[arg-type]
+    got = other_drivers_slices(slices, "n1", "dra.cpu")
     assert [s["metadata"] for s in got] == [{"name": "a", "labels": {"x": "y"}}, {"name": "b"}]
     assert {s["kind"] for s in got} == {"ResourceSlice"}
 

@@ -327,8 +327,8 @@ class _Search:
                 if stack and not stack[-1] & values:
                     return False
             else:
-                held = self.distinct.get(i)
-                if held and any(held[v] for v in values):
+                counts = self.distinct.get(i)
+                if counts and any(counts[v] for v in values):
                     return False
         return True
 
