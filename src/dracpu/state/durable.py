@@ -220,6 +220,7 @@ def _answer(batch: list[ClaimsChanged], error: str) -> None:
     for message in batch:
         if message.reply is None:
             continue
-        # A waiter cancelled meanwhile has closed its end: nobody to tell.
-        with contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):
+        # A waiter cancelled meanwhile has closed its end: nobody to tell. One answer per
+        # change: the writer closes its end once it answered.
+        with message.reply, contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):
             message.reply.send_nowait(CheckpointWritten(generation=message.generation, error=error))
