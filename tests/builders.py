@@ -16,6 +16,9 @@ want; keywords change one field at a time.
   :func:`device_result`, :func:`allocation`, :func:`device_class`
 - pods: :func:`nri_pod`, :func:`nri_container` (NRI protobufs), :func:`pod` (a v1 Pod)
 - the daemon: :func:`no_signals` (a signal source that never fires), :func:`fetch` (GET)
+- gRPC over h2: :func:`grpc_headers` (a call's request headers), :func:`h2_pair` (a server
+  connection and an h2 client, prefaces exchanged), :class:`H2Pair` (the same, moving
+  bytes both ways until quiet)
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.events
 import trio
 
 from dracpu.allocation.opaque import DeviceConfig
 from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.connection import GRPCServerConnection
+from dracpu.grpc.events import Event
 from dracpu.proto.nri import api_pb2 as nri_pb
 from dracpu.topology import discover_from_root
 from dracpu.topology.model import NO_ID, CoreType, CPUInfo, Topology
@@ -387,6 +392,32 @@ def fetch(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
+# -- gRPC over h2 ------------------------------------------------------------------------------
+
+GRPC_PATH = b"/p.S/M"
+
+
+def grpc_headers(
+    path: bytes = GRPC_PATH,
+    *extra: tuple[bytes, bytes],
+    method: bytes = b"POST",
+    content_type: bytes = b"application/grpc",
+    te: bool = True,
+) -> list[tuple[bytes, bytes]]:
+    """The request headers of a gRPC call, as grpc clients send them, then ``extra``;
+    ``te=False`` leaves out ``te: trailers``."""
+    headers = [
+        (b":method", method),
+        (b":scheme", b"http"),
+        (b":path", path),
+        (b":authority", b"localhost"),
+        (b"content-type", content_type),
+    ]
+    if te:
+        headers.append((b"te", b"trailers"))
+    return [*headers, *extra]
+
+
 def h2_pair(**limits: int) -> tuple[GRPCServerConnection, h2.connection.H2Connection]:
     """A gRPC server connection (``GRPCServerConnection(**limits)``) and an h2 client,
     their prefaces and SETTINGS exchanged: ready for a request."""
@@ -399,3 +430,51 @@ def h2_pair(**limits: int) -> tuple[GRPCServerConnection, h2.connection.H2Connec
     server.receive_data(client.data_to_send())
     client.receive_data(server.data_to_send())
     return server, client
+
+
+class H2Pair:
+    """:func:`h2_pair` with the client's SETTINGS acknowledged, and helpers to move bytes
+    both ways (``exchange``), open calls (``request``) and find what the client got
+    (``of``)."""
+
+    def __init__(self, **limits: int) -> None:
+        self.server, self.client = h2_pair(**limits)
+        self.client_events: list[h2.events.Event] = []
+        self.exchange()
+
+    def exchange(self) -> list[Event]:
+        """Move bytes both ways until quiet; return the server's gRPC events."""
+        events: list[Event] = []
+        while True:
+            to_server = self.client.data_to_send()
+            if to_server:
+                events += self.server.receive_data(to_server)
+            to_client = self.server.data_to_send()
+            if to_client:
+                self.client_events += self.client.receive_data(to_client)
+            if not to_server and not to_client:
+                return events
+
+    def request(
+        self,
+        body: bytes | None,
+        extra: Sequence[tuple[bytes, bytes]] = (),
+        *,
+        path: bytes = GRPC_PATH,
+        more: bool = False,
+    ) -> int:
+        """Open a call (no DATA when ``body`` is None); ``more``: the message goes on in
+        later DATA frames. Nothing is sent until ``exchange``."""
+        sid: int = self.client.get_next_available_stream_id()
+        self.client.send_headers(sid, grpc_headers(path, *extra), end_stream=body is None)
+        if body is not None:
+            self.client.send_data(sid, body, end_stream=not more)
+        return sid
+
+    def of(self, kind: type[Any], sid: int) -> list[Any]:
+        """The client's events of this type on stream ``sid``."""
+        return [
+            e
+            for e in self.client_events
+            if isinstance(e, kind) and getattr(e, "stream_id", 0) == sid
+        ]

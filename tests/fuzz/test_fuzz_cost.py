@@ -38,6 +38,7 @@ import h2.config
 import h2.connection
 import hpack
 import pytest
+from builders import grpc_headers
 from fixed_views import FixedDebug, fixed_readiness
 from fuzzing import bounded, fuzz_settings
 from grpclib.const import Status
@@ -268,14 +269,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 H2_DATA, H2_HEADERS, H2_PRIORITY, H2_RST, H2_SETTINGS, H2_PING = 0, 1, 2, 3, 4, 6
 H2_WINDOW_UPDATE, H2_CONTINUATION = 8, 9
 END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
-REQUEST = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"),
-    (b":authority", b"localhost"),
-    (b"content-type", b"application/grpc"),
-    (b"te", b"trailers"),
-]
+REQUEST = grpc_headers(b"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")
 
 
 def h2_frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:

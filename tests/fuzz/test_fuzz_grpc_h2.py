@@ -14,6 +14,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import hpack
+from builders import grpc_headers
 from fuzzing import bounded, fuzz_settings
 from grpclib.const import Status
 from hypothesis import event as hyp_event
@@ -50,14 +51,7 @@ def small_server() -> GRPCServerConnection:
 
 # -- raw frames ------------------------------------------------------------------------------
 
-GOOD = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/p.S/M"),
-    (b":authority", b"x"),
-    (b"content-type", b"application/grpc"),
-    (b"te", b"trailers"),
-]
+GOOD = grpc_headers()
 stream_ids = st.sampled_from([0, 1, 3, 5, 7, 2, 2**31 - 1])
 header_names = st.sampled_from(
     [
@@ -248,14 +242,7 @@ class Client:
             if kind == "headers":
                 _, method, ctype, timeout, extra, end = op
                 sid = self.h2.get_next_available_stream_id()
-                headers = [
-                    (b":method", method),
-                    (b":scheme", b"http"),
-                    (b":path", b"/p.S/M"),
-                    (b":authority", b"x"),
-                    (b"content-type", ctype),
-                    (b"te", b"trailers"),
-                ]
+                headers = grpc_headers(method=method, content_type=ctype)  # type: ignore[arg-type]
                 if timeout is not None:
                     headers.append((b"grpc-timeout", timeout))
                 headers += extra  # type: ignore[operator]
@@ -340,7 +327,7 @@ def test_request_arriving_with_the_clients_goaway_in_one_read() -> None:
     """Found by atheris: h2 parses the whole read before events are handled, so the early
     answer to a bad request met a connection already closed by the GOAWAY after it."""
     server = small_server()
-    get = [(b":method", b"GET"), *GOOD[1:]]
+    get = grpc_headers(method=b"GET")
     wire = (
         PREFACE
         + raw_frame(SETTINGS, 0, 0, b"")

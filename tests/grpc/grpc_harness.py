@@ -12,6 +12,7 @@ import h2.config
 import h2.connection
 import h2.events
 import trio
+from builders import grpc_headers
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 from hyperframe.frame import DataFrame, Frame, HeadersFrame
@@ -195,15 +196,7 @@ class RawClient:
         method: bytes = b"POST",
     ) -> int:
         sid: int = self.h2.get_next_available_stream_id()
-        headers = [
-            (b":method", method),
-            (b":scheme", b"http"),
-            (b":path", path.encode()),
-            (b":authority", b"localhost"),
-            (b"content-type", content_type),
-            (b"te", b"trailers"),
-            *extra,
-        ]
+        headers = grpc_headers(path.encode(), *extra, method=method, content_type=content_type)
         self.h2.send_headers(sid, headers, end_stream=body is None and end)
         if body is not None:
             self.h2.send_data(sid, body, end_stream=end)

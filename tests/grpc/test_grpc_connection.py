@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import h2.config
-import h2.connection
 import h2.events
 import hpack
+from builders import GRPC_PATH, H2Pair, grpc_headers, h2_pair
 from grpclib.const import Status
 from h2.errors import ErrorCodes
 from hyperframe.frame import (
@@ -31,69 +30,12 @@ from dracpu.grpc.connection import (
 from dracpu.grpc.framing import encode_message
 from dracpu.grpc.status import MAX_STATUS_MESSAGE
 
-PATH = b"/pkg.Svc/Call"
-
-
-class Pair:
-    def __init__(self) -> None:
-        self.server = GRPCServerConnection()
-        self.client = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=True, header_encoding=None)
-        )
-        self.server.initiate()
-        self.client.initiate_connection()
-        self.client_events: list[h2.events.Event] = []
-        self.exchange()
-
-    def exchange(self) -> list[object]:
-        """Move bytes both ways until quiet; return the server's gRPC events."""
-        events: list[object] = []
-        while True:
-            to_server = self.client.data_to_send()
-            if to_server:
-                events += self.server.receive_data(to_server)
-            to_client = self.server.data_to_send()
-            if to_client:
-                self.client_events += self.client.receive_data(to_client)
-            if not to_server and not to_client:
-                return events
-
-    def request(
-        self,
-        body: bytes | None,
-        extra: list[tuple[bytes, bytes]] | None = None,
-        *,
-        more: bool = False,
-    ) -> int:
-        """Open a call; ``more``: the message goes on in later DATA frames."""
-        sid: int = self.client.get_next_available_stream_id()
-        headers = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", PATH),
-            (b":authority", b"localhost"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-            *(extra or []),
-        ]
-        self.client.send_headers(sid, headers, end_stream=body is None)
-        if body is not None:
-            self.client.send_data(sid, body, end_stream=not more)
-        return sid
-
-    def of(self, kind: type, sid: int) -> list[Any]:
-        return [
-            e
-            for e in self.client_events
-            if isinstance(e, kind) and getattr(e, "stream_id", 0) == sid
-        ]
-
 
 def test_unary_request_reply_in_one_flush() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b"\x0a\x01x"), [(b"grpc-timeout", b"999975u")])
     events = pair.exchange()
-    assert events == [RequestReceived(sid, "/pkg.Svc/Call", b"\x0a\x01x", (), 0.999975)]
+    assert events == [RequestReceived(sid, GRPC_PATH.decode(), b"\x0a\x01x", (), 0.999975)]
     pair.server.send_message(sid, b"reply")
     pair.server.send_status(sid, Status.OK)
     assert pair.server.active_streams == 0
@@ -122,14 +64,14 @@ def test_metadata_decoding() -> None:
     )
 
 
-def _trailers_only(pair: Pair, sid: int) -> list[tuple[bytes, bytes]]:
+def _trailers_only(pair: H2Pair, sid: int) -> list[tuple[bytes, bytes]]:
     (resp,) = pair.of(h2.events.ResponseReceived, sid)
     assert pair.of(h2.events.StreamEnded, sid)
     return list(resp.headers)
 
 
 def test_bad_timeout_is_invalid_argument_trailers_only() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b""), [(b"grpc-timeout", b"10s")])
     assert pair.exchange() == []
     assert _trailers_only(pair, sid) == [
@@ -141,18 +83,10 @@ def test_bad_timeout_is_invalid_argument_trailers_only() -> None:
 
 
 def test_wrong_content_type_is_415() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid: int = pair.client.get_next_available_stream_id()
     pair.client.send_headers(
-        sid,
-        [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", PATH),
-            (b":authority", b"x"),
-            (b"content-type", b"application/json"),
-        ],
-        end_stream=True,
+        sid, grpc_headers(content_type=b"application/json", te=False), end_stream=True
     )
     assert pair.exchange() == []
     assert _trailers_only(pair, sid) == [
@@ -164,18 +98,9 @@ def test_wrong_content_type_is_415() -> None:
 
 
 def test_get_is_405() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid: int = pair.client.get_next_available_stream_id()
-    pair.client.send_headers(
-        sid,
-        [
-            (b":method", b"GET"),
-            (b":scheme", b"http"),
-            (b":path", PATH),
-            (b":authority", b"x"),
-            (b"content-type", b"application/grpc"),
-        ],
-    )
+    pair.client.send_headers(sid, grpc_headers(method=b"GET", te=False))
     pair.exchange()
     assert _trailers_only(pair, sid)[0] == (b":status", b"405")
     # Answered before the client finished: the stream is released with RST(NO_ERROR).
@@ -184,7 +109,7 @@ def test_get_is_405() -> None:
 
 
 def test_no_message_and_two_messages_are_internal() -> None:
-    pair = Pair()
+    pair = H2Pair()
     none_sid = pair.request(None)
     two_sid = pair.request(encode_message(b"a") + encode_message(b"b"))
     assert pair.exchange() == []
@@ -199,7 +124,7 @@ def test_no_message_and_two_messages_are_internal() -> None:
 
 
 def test_truncated_message_is_internal() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(b"\x00\x00\x00\x00\x09abc")
     assert pair.exchange() == []
     assert _trailers_only(pair, sid)[3] == (
@@ -209,7 +134,7 @@ def test_truncated_message_is_internal() -> None:
 
 
 def test_client_reset_aborts_stream() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b""))
     pair.exchange()
     pair.client.reset_stream(sid, ErrorCodes.CANCEL)
@@ -221,7 +146,7 @@ def test_client_reset_aborts_stream() -> None:
 
 
 def test_reply_larger_than_window_waits_for_window_update() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b""))
     pair.exchange()
     payload = b"z" * 100_000
@@ -243,7 +168,7 @@ def test_reply_larger_than_window_waits_for_window_update() -> None:
 
 
 def test_graceful_shutdown_refuses_new_streams() -> None:
-    pair = Pair()
+    pair = H2Pair()
     first = pair.request(encode_message(b""))
     pair.exchange()
     pair.server.start_shutdown()
@@ -262,7 +187,7 @@ def test_graceful_shutdown_refuses_new_streams() -> None:
 
 
 def test_stream_opened_after_goaway_is_refused() -> None:
-    pair = Pair()
+    pair = H2Pair()
     pair.server.start_shutdown()
     pair.server.data_to_send()  # a peer that never saw the GOAWAY
     sid = pair.request(encode_message(b""))
@@ -284,7 +209,7 @@ def test_garbage_preface_closes_connection() -> None:
 def test_memory_of_closed_streams_is_bounded() -> None:
     """The kubelet keeps one connection for every call: what h2 remembers of closed streams
     must not grow with the number of calls (the soak saw ~2 MB per 10,000)."""
-    pair = Pair()
+    pair = H2Pair()
     for _ in range(1500):
         sid = pair.request(encode_message(b"\x0a\x01x"))
         pair.exchange()
@@ -305,7 +230,7 @@ def test_memory_of_closed_streams_is_bounded() -> None:
 
 
 def test_budgeted_steps_give_the_same_events_as_one_call() -> None:
-    whole, stepped = Pair(), Pair()
+    whole, stepped = H2Pair(), H2Pair()
     for pair in (whole, stepped):
         for i in range(40):
             pair.request(encode_message(b"m%d" % i))
@@ -325,7 +250,7 @@ def test_budgeted_steps_give_the_same_events_as_one_call() -> None:
 
 
 def test_a_step_holds_at_most_one_full_header_block() -> None:
-    pair = Pair()
+    pair = H2Pair()
     filler = (b"x-fill", b"v" * (MAX_HEADER_BLOCK_SIZE - 400))
     sids = [pair.request(encode_message(b"m"), [filler]) for _ in range(3)]
     data = pair.client.data_to_send()
@@ -344,13 +269,7 @@ def test_a_step_holds_at_most_one_full_header_block() -> None:
 
 
 def test_header_block_limit_counts_continuations_across_reads() -> None:
-    server = GRPCServerConnection(max_header_list_size=1000)
-    server.initiate()
-    client = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.receive_data(client.data_to_send())
+    server, _ = h2_pair(max_header_list_size=1000)
     head = HeadersFrame(1, flags=("END_STREAM",), data=b"\x00" * 600)
     assert server.receive_data(head.serialize()) == []  # h2 holds the fragment, undecoded
     more = ContinuationFrame(1, flags=("END_HEADERS",), data=b"\x00" * 401)
@@ -379,7 +298,7 @@ def _frames(data: bytes) -> list[Any]:
 
 
 def test_long_status_message_is_cut_and_sent_without_huffman_coding() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b"x"))
     pair.exchange()
     pair.server.send_status(sid, Status.UNKNOWN, "claim default/" + "n" * (8 * 1024 * 1024))
@@ -393,7 +312,7 @@ def test_long_status_message_is_cut_and_sent_without_huffman_coding() -> None:
 
 
 def test_every_outbound_header_value_is_bounded() -> None:
-    pair = Pair()
+    pair = H2Pair()
     sid = pair.request(encode_message(b"x"), [(b"content-type", b"text/\x01" + b"z" * 6000)])
     pair.exchange()
     (resp,) = pair.of(h2.events.ResponseReceived, sid)
@@ -406,14 +325,7 @@ def test_every_outbound_header_value_is_bounded() -> None:
 
 def test_frames_of_a_stream_the_server_reset_are_ignored_not_reset_again() -> None:
     # RFC 9113 5.1: after sending RST_STREAM, frames received on the stream are ignored.
-    pair = Pair()
-    pair.server = GRPCServerConnection(max_message_size=1000)
-    pair.server.initiate()
-    pair.client = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=True, header_encoding=None)
-    )
-    pair.client.initiate_connection()
-    pair.exchange()
+    pair = H2Pair(max_message_size=1000)
     sid = pair.request(b"\x00" + (300_000).to_bytes(4, "big") + b"a" * 16_000, more=True)
     pair.server.receive_data(pair.client.data_to_send())
     refused = _frames(pair.server.data_to_send())

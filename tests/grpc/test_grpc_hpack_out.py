@@ -13,14 +13,14 @@ import h2.events
 import h2.settings
 import hpack
 import pytest
+from builders import H2Pair
 from grpclib.const import Status
 from hypothesis import given
 from hypothesis import strategies as st
-from test_grpc_connection import Pair
 
 from dracpu.grpc import hpack_out
-from dracpu.grpc.hpack_out import StatelessEncoder
 from dracpu.grpc.framing import encode_message
+from dracpu.grpc.hpack_out import StatelessEncoder
 from dracpu.grpc.status import RESPONSE_HEADERS, status_trailers, trailers_only
 
 RESPONSE_BLOCK = b"\x88" + b"\x0f\x10" + b"\x10application/grpc"
@@ -165,7 +165,7 @@ def test_any_blocks_decode_to_what_was_encoded(blocks: list[list[tuple[bytes, by
 
 @pytest.mark.parametrize("settings", [[0], [0, 0], [8192, 4096], [8192, 100, 4096]])
 def test_a_client_that_changes_its_table_size_still_reads_every_reply(settings: list[int]) -> None:
-    pair = Pair()
+    pair = H2Pair()
     for size in settings:  # each SETTINGS frame acknowledged before the next reply
         pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: size})
     pair.exchange()

@@ -19,7 +19,7 @@ import h2.events
 import pytest
 import trio
 import trio.testing
-from builders import h2_pair
+from builders import grpc_headers, h2_pair
 from grpc_harness import (
     PREPARE,
     Observed,
@@ -76,14 +76,7 @@ def test_refused_message_releases_what_was_kept() -> None:
 # -- the connection ---------------------------------------------------------------------------
 
 
-HEADERS = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", PREPARE.encode()),
-    (b":authority", b"x"),
-    (b"content-type", b"application/grpc"),
-    (b"te", b"trailers"),
-]
+HEADERS = grpc_headers(PREPARE.encode())
 
 
 def _send(

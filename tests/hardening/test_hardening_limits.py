@@ -29,7 +29,7 @@ import h2.settings
 import hpack
 import pytest
 import trio
-from builders import h2_pair
+from builders import grpc_headers, h2_pair
 from fixed_views import FixedDebug
 from grpclib.const import Status
 from h2.errors import ErrorCodes
@@ -74,14 +74,7 @@ from dracpu.nri.ttrpc import (
     TTRPCServerConnection,
 )
 
-GOOD = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/p.S/M"),
-    (b":authority", b"x"),
-    (b"content-type", b"application/grpc"),
-    (b"te", b"trailers"),
-]
+GOOD = grpc_headers()
 
 
 def test_limits_are_the_documented_ones() -> None:

@@ -31,6 +31,7 @@ import grpc
 import hpack
 import pytest
 import trio
+from builders import grpc_headers
 from fixed_views import FixedDebug
 from kubelet_harness import claim, make_node, prepare_request, prepare_stub, serving, short_dir
 
@@ -189,14 +190,7 @@ async def test_grpcio_hostile_requests_do_not_delay_another_connection(
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, SETTINGS, PING, CONTINUATION = 0x0, 0x1, 0x4, 0x6, 0x9
 END_STREAM, END_HEADERS = 0x1, 0x4
-REQUEST_HEADERS = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"),
-    (b":authority", b"localhost"),
-    (b"content-type", b"application/grpc"),
-    (b"te", b"trailers"),
-]
+REQUEST_HEADERS = grpc_headers(b"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")
 
 
 def _frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
