@@ -1,0 +1,106 @@
+"""The hotplug watcher on its own: it sends one ``TopologyChanged`` per change of the online
+CPUs (compared with the owner's, their one holder) and changes nothing itself; the owner
+applies it; ``report_health`` marks the devices of claims on offline CPUs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+from builders import FAKE_SYSFS
+from prometheus_client import CollectorRegistry
+
+from dracpu.allocation.prepare import ClaimPlan
+from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
+from dracpu.cpuset import CPUSet
+from dracpu.daemon.hotplug import HotplugWatcher, SysfsSource, report_health
+from dracpu.devices import DeviceSettings, build_inventory
+from dracpu.kubelet.health import HealthService
+from dracpu.messages import TopologyChanged
+from dracpu.metrics import DriverMetrics
+from dracpu.state import NodeState
+from dracpu.topology.discover import discover_from_root
+
+FIXTURE = "xeon-2s-ht"
+
+
+def set_online(sysfs: Path, cpu: int, online: bool) -> None:
+    """Take a CPU offline (or back) as the kernel shows it: its own file and the list."""
+    cpu_dir = sysfs / "devices/system/cpu"
+    (cpu_dir / f"cpu{cpu}" / "online").write_text("1\n" if online else "0\n")
+    now = CPUSet.parse((cpu_dir / "online").read_text().strip())
+    now = (now | CPUSet([cpu])) if online else (now - CPUSet([cpu]))
+    (cpu_dir / "online").write_text(f"{now.format()}\n")
+
+
+def node(sysfs: Path) -> NodeState:
+    topo = discover_from_root(sysfs)
+    inventory = build_inventory(topo, DeviceSettings(mode="grouped", group_by="numanode"))
+    state = NodeState(AllocationStore(topo.all_cpus, CPUSet()))
+    state.use_topology(topo, inventory, topo.online)
+    return state
+
+
+def test_a_bad_interval_is_refused() -> None:
+    state = NodeState(AllocationStore(CPUSet.parse("0-3"), CPUSet()))
+    send, _ = trio.open_memory_channel[TopologyChanged](1)
+    with pytest.raises(ValueError, match="hotplug check interval must be positive, got 0"):
+        HotplugWatcher(SysfsSource(root="/nonexistent"), state.view, send, interval=0)
+
+
+async def test_each_change_is_one_message_the_owner_applies(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FAKE_SYSFS / FIXTURE, sysfs)
+    state = node(sysfs)
+    before = state.view.online
+    send, receive = trio.open_memory_channel[TopologyChanged](1)
+    watcher = HotplugWatcher(SysfsSource(root=str(sysfs)), state.view, send, interval=0.01)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watcher.run)
+        set_online(sysfs, 79, False)
+        with trio.fail_after(10):
+            change = await receive.receive()
+        # The watcher changed nothing: the owner still has the old online CPUs.
+        assert state.view.online == before
+        assert (change.went, change.came) == ("79", "")
+        assert state.inventory is not None
+        state.apply_topology(change.topology, state.inventory)
+        assert state.view.online == before - CPUSet([79])
+        assert 79 not in state.view.shared_pool
+        set_online(sysfs, 79, True)
+        with trio.fail_after(10):
+            back = await receive.receive()
+        assert (back.went, back.came) == ("", "79")
+        nursery.cancel_scope.cancel()
+    assert watcher.events == 2
+    # The run's clone closed when it stopped; once the watcher is closed for good the
+    # receiver ends on its own.
+    watcher.close()
+    with pytest.raises(trio.EndOfChannel):
+        await receive.receive()
+
+
+def test_report_health_marks_the_devices_of_claims_on_offline_cpus() -> None:
+    state = NodeState(AllocationStore(CPUSet.parse("0-7"), CPUSet()))
+    device = (PreparedDevice(pool_name="node-a", device_name="cpudev003"),)
+    record = ClaimRecord(
+        uid="u1", namespace="default", name="c1", cpus=CPUSet.parse("2-3"), devices=device
+    )
+    plan = ClaimPlan(record=record)
+    state.begin_prepare(plan)
+    state.finish_prepare(plan)
+    state.set_offline(CPUSet.parse("3"))
+    health = HealthService(node_name="node-a", devices=["cpudev001", "cpudev003"])
+    registry = CollectorRegistry()
+    metrics = DriverMetrics(registry)
+    report_health(state.view, ["cpudev001"], health, metrics)
+    assert dict(health.report().unhealthy) == {
+        "cpudev003": "claim default/c1 holds CPU(s) 3, which are offline"
+    }
+    assert registry.get_sample_value("dracpu_claims_on_offline_cpus") == 1
+    state.set_offline(CPUSet())
+    report_health(state.view, ["cpudev001"], health, metrics)
+    assert dict(health.report().unhealthy) == {}
+    assert registry.get_sample_value("dracpu_claims_on_offline_cpus") == 0
