@@ -38,6 +38,8 @@ from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, bui
 from dracpu.http.address import parse_bind_address
 from dracpu.http.app import HTTPApp
 from dracpu.http.server import serve_http
+from dracpu.irq import IrqIsolation
+from dracpu.irq.metrics import IrqMetrics
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu.k8s.nodes import get_node_uid
 from dracpu.k8s.slices import NOT_PUBLISHED, SliceReconciler
@@ -117,6 +119,8 @@ class Daemon:
         self.hotplug_interval = hotplug_interval
         self.hotplug: HotplugWatcher | None = None
         self.nothing_to_publish = False
+        # Device interrupts kept off claims' CPUs (dracpu.irq), built with the state.
+        self.irq: IrqIsolation | None = None
         self.http_port: int | None = None
         self.debug_port: int | None = None
         # Built in startup, around the supervisor's readiness (the daemon's one source).
@@ -212,6 +216,14 @@ class Daemon:
             boot_id=read_boot_id(self.proc_root),
             config_fingerprint=config_fingerprint(cfg),
         )
+        self.irq = IrqIsolation(
+            self.proc_root,
+            cfg.stateDir,
+            boot_id=self.checkpoint.boot_id,
+            claims=self.state.view.claims,
+            isolate_all=cfg.isolateIRQs,
+            metrics=IrqMetrics(self.registry),
+        )
         log.info(
             "discovered CPU topology",
             cpus=topo.num_cpus,
@@ -284,6 +296,7 @@ class Daemon:
         assert self.verifier is not None
         self.hotplug = HotplugWatcher(self, interval=self.hotplug_interval)
         self.hotplug.report_health()  # claims restored with offline CPUs
+        assert self.irq is not None
         pusher = PoolPusher(
             self.state.pool_changes(),
             self.plugin,
@@ -303,6 +316,9 @@ class Daemon:
             Service(name="verify", run=partial(self.verifier.run, self._verify_recv)),
             Service(name="pool", run=pusher.run),
             Service(name="hotplug", run=self.hotplug.run),
+            # After the restore: its first pass bans what the restored claims ask for and
+            # gives back what a crash left banned.
+            Service(name="irq", run=partial(self.irq.run, self.state.claim_events())),
         ]
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:

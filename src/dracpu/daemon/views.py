@@ -70,6 +70,8 @@ class DaemonView:
             doc["recovery"] = {"source": str(d.recovery.source), "notes": d.recovery.notes}
         if d.watcher is not None:
             doc["drift"] = d.watcher.state()
+        if d.irq is not None:
+            doc["irq"] = d.irq.describe()
         if d.slices is not None:
             doc["slices"] = d.slices.status()
         if d.session is not None:
