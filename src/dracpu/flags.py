@@ -278,6 +278,14 @@ ROOT_FLAGS: tuple[FlagSpec, ...] = (
         "claims whose allocation options say isolateIRQs: true)",
     ),
     FlagSpec(
+        "claim-status",
+        "bool",
+        True,
+        "claimStatus",
+        "write each prepared claim's CPUs into its status.devices (needs the "
+        "DRAResourceClaimDeviceStatus feature gate, on by default from Kubernetes 1.33)",
+    ),
+    FlagSpec(
         "v", "int", 0, None, "log verbosity (0 key events, 2 decisions, 4 allocation, 6 debug)"
     ),
     FlagSpec("vmodule", "string", "", None, "per-file verbosity, e.g. allocation=6,nri=4"),

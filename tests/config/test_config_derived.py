@@ -145,6 +145,7 @@ def test_config_dump_lists_every_key_with_zero_values_sorted() -> None:
         "bindAddress: :8080\n"
         "cdiDir: /var/run/cdi\n"
         "cgroupRoot: /sys/fs/cgroup\n"
+        "claimStatus: true\n"
         "cpuDeviceMode: grouped\n"
         "debugAddress: 127.0.0.1:8081\n"
         "exposePCIeRoots: false\n"

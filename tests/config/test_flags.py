@@ -55,6 +55,7 @@ def test_root_flag_table() -> None:
         "align-memory": ("bool", False, "alignMemory", False),
         "publish-isolated-cpus": ("bool", True, "publishIsolatedCPUs", False),
         "isolate-irqs": ("bool", False, "isolateIRQs", False),
+        "claim-status": ("bool", True, "claimStatus", False),
         "v": ("int", 0, None, False),
         "vmodule": ("string", "", None, False),
     }

@@ -397,3 +397,13 @@ def test_bad_settings_are_refused() -> None:
     metrics = DriverMetrics(CollectorRegistry())
     with pytest.raises(ValueError, match="unknown claim status write"):
         metrics.count_claim_status_write("apply", "maybe")
+
+
+def test_the_daemon_writes_status_unless_the_config_turns_it_off() -> None:
+    from dracpu.config import DriverConfig
+    from dracpu.daemon.app import Daemon
+
+    kube: Any = ScriptedKube()  # the constructor only keeps it
+    assert Daemon(DriverConfig(), kube=kube, node_name="n").claim_status.disabled == ""
+    off = Daemon(DriverConfig(claimStatus=False), kube=kube, node_name="n")
+    assert off.claim_status.disabled == "turned off"

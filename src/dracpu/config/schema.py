@@ -60,6 +60,7 @@ class DriverConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     alignMemory: bool = False
     publishIsolatedCPUs: bool = True
     isolateIRQs: bool = False
+    claimStatus: bool = True
 
 
 # The keys of the Go driver's Config, in the order §3.1 lists them.
@@ -91,7 +92,7 @@ EXCLUDED_HINTS: dict[str, str] = {
 }
 # dracpu's own settings that a config file may set (the other dracpu-only keys are host
 # paths and daemon plumbing: flags only).
-FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory", "publishIsolatedCPUs", "isolateIRQs")
+FILE_KEYS_BEYOND_UPSTREAM = ("alignMemory", "publishIsolatedCPUs", "isolateIRQs", "claimStatus")
 for _spec in ROOT_FLAGS:
     if (
         _spec.config_key
