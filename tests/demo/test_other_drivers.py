@@ -218,3 +218,24 @@ def test_without_pcie_roots_the_cpus_cannot_join_the_constraint() -> None:
         '"resource.kubernetes.io/pcieRoot" (cpus, gpu, nic): no device for request "cpus" '
         "on demo-node has this attribute"
     ]
+
+
+def test_slices_of_another_node_are_noted_and_not_used(tmp_path: Path) -> None:
+    docs = example_docs()
+    for doc in docs:
+        if doc["kind"] == "ResourceSlice":
+            doc["spec"]["nodeName"] = "worker-3"
+    scenario = tmp_path / "elsewhere.yaml"
+    scenario.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    proc = demo("--expose-pcie-roots", scenario=scenario)
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    assert 'request "gpu": no device in class gpu.example.com on demo-node' in proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    assert notes == [
+        f"{scenario}: document 5 (ResourceSlice demo-node-gpu.example.com) is for node "
+        "worker-3, not the simulated node demo-node: no claim here gets its devices (leave "
+        "spec.nodeName out to put them on this node)",
+        f"{scenario}: document 6 (ResourceSlice demo-node-dra.net) is for node worker-3, not "
+        "the simulated node demo-node: no claim here gets its devices (leave spec.nodeName "
+        "out to put them on this node)",
+    ]

@@ -520,6 +520,13 @@ async def _other_drivers(
         await _create_cluster_object(node, scenario, device_class)
     for raw in scenario.slices:
         await _create_cluster_object(node, scenario, node_slice(raw, node.node_name))
+        elsewhere = raw["spec"].get("nodeName")
+        if elsewhere and elsewhere != node.node_name:
+            scenario.notes.append(
+                f"{scenario.origin(raw)} is for node {elsewhere}, not the simulated node "
+                f"{node.node_name}: no claim here gets its devices (leave spec.nodeName out "
+                "to put them on this node)"
+            )
     drivers = stand_in_drivers(scenario.slices, DRIVER)
     token = trio.lowlevel.current_trio_token()
     for driver in drivers:
