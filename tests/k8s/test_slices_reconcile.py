@@ -397,19 +397,23 @@ async def test_retry_schedule_under_mock_clock() -> None:
     assert times == [0.0, 0.5, 1.5, 3.5, 7.5, 15.5, 31.5, 61.5, 91.5]
 
 
-def test_constructor_rejects_bad_settings() -> None:
-    with pytest.raises(ValueError, match=r"^resync interval must be > 0 seconds, got 0$"):
-        SliceReconciler(None, node_name=NODE, desired=[], resync_interval=0)  # type: ignore[arg-type]
-    with pytest.raises(
-        ValueError, match=r"^backoff must satisfy 0 < base <= cap, got base 2.0, cap 1.0$"
-    ):
-        SliceReconciler(None, node_name=NODE, desired=[], backoff_base=2.0, backoff_cap=1.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^watch timeout must be >= 1 second, got 0.5$"):
-        SliceReconciler(None, node_name=NODE, desired=[], watch_timeout=0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^watch idle timeout must be >= 1 second, got 0.5$"):
-        SliceReconciler(None, node_name=NODE, desired=[], watch_idle_timeout=0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"^reconnect spread must be >= 0 seconds, got -1$"):
-        SliceReconciler(None, node_name=NODE, desired=[], reconnect_spread=-1)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"resync_interval": 0}, "resync interval must be > 0 seconds, got 0"),
+        (
+            {"backoff_base": 2.0, "backoff_cap": 1.0},
+            "backoff must satisfy 0 < base <= cap, got base 2.0, cap 1.0",
+        ),
+        ({"watch_timeout": 0.5}, "watch timeout must be >= 1 second, got 0.5"),
+        ({"watch_idle_timeout": 0.5}, "watch idle timeout must be >= 1 second, got 0.5"),
+        ({"reconnect_spread": -1}, "reconnect spread must be >= 0 seconds, got -1"),
+    ],
+)
+def test_constructor_rejects_bad_settings(settings: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        SliceReconciler(None, node_name=NODE, desired=[], **settings)  # type: ignore[arg-type]
+    assert str(info.value) == message
 
 
 # -- publication against the loopback server -------------------------------------------------
@@ -670,55 +674,75 @@ async def test_own_writes_do_not_wake_the_reconciler(
     assert r.api_calls == 8
 
 
-async def test_external_deletion_repaired_by_watch(
-    autojump_clock: trio.testing.MockClock, loopback: Loopback
-) -> None:
-    server = loopback.server
-    want = desired("epyc-2s-768", "individual")
-    # no periodic resync at all: only the watch can notice the deletion
-    r = await loopback.start(want)
-    await watching(server, r)
-    victim = published(server)[3]["metadata"]["name"]
-    server.delete("resourceslices", victim)
-    await r.wait_next_sync()
-    assert r.sync_reasons == {"start": 1, "watch": 1}
-    assert r.external_changes == 1
-    # a missing slice means a new one: generation bumped, all rewritten
-    assert r.generation == 2
-    assert_matches(server, want, 2)
-    assert victim not in {s["metadata"]["name"] for s in published(server)}
-    # the repair's own 6 writes come back on the watch and change nothing
-    await until(lambda: r.watch_events == 6 + 1 + 6, "the repair's events")
-    await trio.testing.wait_all_tasks_blocked()
-    assert r.sync_reasons == {"start": 1, "watch": 1}
+def _delete_one(server: SimAPIServer, want: list[dict[str, Any]]) -> None:
+    server.delete("resourceslices", published(server)[3]["metadata"]["name"])
 
 
-async def test_kubelet_wipe_and_external_edits_repaired_by_watch(
-    autojump_clock: trio.testing.MockClock, loopback: Loopback
-) -> None:
-    server = loopback.server
-    want = desired("epyc-2s-768", "individual")
-    r = await loopback.start(want)
-    await watching(server, r)
-    # someone edits one slice: fixed in place at the same generation
+def _edit_one(server: SimAPIServer, want: list[dict[str, Any]]) -> None:
     obj = published(server)[1]
     obj["spec"]["devices"] = obj["spec"]["devices"][:1]
     server.update("resourceslices", obj)
-    await r.wait_next_sync()
-    assert r.generation == 1
-    assert_matches(server, want, 1)
-    # someone adds a slice into our pool: deleted
+
+
+def _add_stray(server: SimAPIServer, want: list[dict[str, Any]]) -> None:
     stray = copy.deepcopy(want[0])
     stray["metadata"]["generateName"] = "00007-dra.cpu-node-a-"
     server.create("resourceslices", stray)
+
+
+@pytest.mark.parametrize(
+    ("change", "generation", "repair_writes"),
+    [
+        # a missing slice means a new one: generation bumped, all 6 rewritten
+        pytest.param(_delete_one, 2, 6, id="a slice deleted"),
+        # fixed in place at the same generation
+        pytest.param(_edit_one, 1, 1, id="a slice edited"),
+        # a slice added into our pool: deleted
+        pytest.param(_add_stray, 1, 1, id="a stray slice added"),
+    ],
+)
+async def test_an_external_change_is_repaired_by_the_watch(
+    autojump_clock: trio.testing.MockClock,
+    loopback: Loopback,
+    change: Callable[[SimAPIServer, list[dict[str, Any]]], None],
+    generation: int,
+    repair_writes: int,
+) -> None:
+    server = loopback.server
+    want = desired("epyc-2s-768", "individual")
+    # no periodic resync at all: only the watch can notice the change
+    r = await loopback.start(want)
+    await watching(server, r)
+    await until(lambda: r.watch_events == 6, "our creates seen")
+    before = {s["metadata"]["name"] for s in published(server)}
+    change(server, want)
     await r.wait_next_sync()
-    assert_matches(server, want, 1)
+    assert r.sync_reasons == {"start": 1, "watch": 1}
+    assert r.external_changes == 1
+    assert r.generation == generation
+    assert_matches(server, want, generation)
+    if generation == 1:  # repaired in place: the same objects
+        assert {s["metadata"]["name"] for s in published(server)} == before
+    # the repair's own writes come back on the watch and change nothing
+    await until(lambda: r.watch_events == 6 + 1 + repair_writes, "the repair's events")
+    await trio.testing.wait_all_tasks_blocked()
+    assert r.sync_reasons == {"start": 1, "watch": 1}
+    assert r.external_changes == 1
+
+
+async def test_kubelet_wipe_repaired_by_watch(
+    autojump_clock: trio.testing.MockClock, loopback: Loopback
+) -> None:
+    server = loopback.server
+    want = desired("epyc-2s-768", "individual")
+    r = await loopback.start(want)
+    await watching(server, r)
     # the kubelet wipes the node's slices (plugin gone, or kubelet restart)
     for s in published(server):
         server.delete("resourceslices", s["metadata"]["name"])
     await until(lambda: len(published(server)) == 6 and r.generation == 2, "the pool republished")
     assert_matches(server, want, 2)
-    assert r.sync_reasons["watch"] >= 3
+    assert r.sync_reasons["watch"] >= 1
 
 
 async def test_watch_410_in_the_stream_relists(
@@ -755,30 +779,38 @@ async def test_watch_410_in_the_stream_relists(
     assert_matches(server, want, 2)
 
 
-async def test_watch_410_status_relists(
-    autojump_clock: trio.testing.MockClock, loopback: Loopback
+@pytest.mark.parametrize(
+    ("refusals", "spread", "delays", "watch_errors", "relists", "sync_reasons"),
+    [
+        # 410 Gone: the version is too old; relist after a random part of the spread
+        ([(410, 1)], 3.0, [3.0], 0, 1, {"start": 1, "relist": 1}),
+        # Retry-After: 1 spread to the top of [1, 2); the backoff alone would be 0.5, 1.0
+        ([(429, 2)], 5.0, [2.0, 2.0], 2, 0, {"start": 1}),
+        # server errors back off, whatever the code
+        ([(500, 3), (503, 1)], 5.0, [0.5, 1.0, 2.0, 4.0], 4, 0, {"start": 1}),
+    ],
+    ids=["410 relists", "429 waits for Retry-After", "5xx back off"],
+)
+async def test_a_refused_watch_request(
+    autojump_clock: trio.testing.MockClock,
+    loopback: Loopback,
+    refusals: list[tuple[int, int]],
+    spread: float,
+    delays: list[float],
+    watch_errors: int,
+    relists: int,
+    sync_reasons: dict[str, int],
 ) -> None:
     server = loopback.server
-    server.faults.inject("watch", "resourceslices", 1, status=410)
-    r = await loopback.start(desired("xeon-2s-ht", "individual"), reconnect_spread=3.0)
-    await until(lambda: r.relists == 1 and r.watch_requests == 2, "relist, watch again")
+    for status, count in refusals:
+        server.faults.inject("watch", "resourceslices", count, status=status)
+    r = await loopback.start(desired("xeon-2s-ht", "individual"), reconnect_spread=spread)
+    requests = 1 + sum(count for _, count in refusals)
+    await until(lambda: r.watch_requests == requests, "the watch opened again")
     await watching(server, r)
-    assert r.sync_reasons == {"start": 1, "relist": 1}
-    assert r.watch_errors == 0
-    assert server.calls.get("list", "resourceslices") == 2
-    assert loopback.sleeps.delays == [3.0]  # the relist waited a random part of the spread
-
-
-async def test_watch_429_waits_for_retry_after(
-    autojump_clock: trio.testing.MockClock, loopback: Loopback
-) -> None:
-    server = loopback.server
-    server.faults.inject("watch", "resourceslices", 2, status=429)
-    r = await loopback.start(desired("xeon-2s-ht", "individual"))
-    await watching(server, r)
-    # Retry-After: 1 spread to the top of [1, 2); the backoff alone would be 0.5, 1.0
-    assert loopback.sleeps.delays == [2.0, 2.0]
-    assert (r.watch_errors, r.relists, r.sync_reasons) == (2, 0, {"start": 1})
+    assert loopback.sleeps.delays == delays
+    assert (r.watch_errors, r.relists, r.sync_reasons) == (watch_errors, relists, sync_reasons)
+    assert server.calls.get("list", "resourceslices") == 1 + relists
 
 
 async def test_periodic_resync_answers_from_the_cache_while_watching(
@@ -848,19 +880,6 @@ async def test_dropped_watch_resumes_without_losing_events(
     assert server.faults.pending() == 0
     await trio.testing.wait_all_tasks_blocked()
     assert_matches(server, want, 2)
-
-
-async def test_watch_errors_back_off_and_reset(
-    autojump_clock: trio.testing.MockClock, loopback: Loopback
-) -> None:
-    server = loopback.server
-    server.faults.inject("watch", "resourceslices", 3, status=500)
-    server.faults.inject("watch", "resourceslices", 1, status=503)
-    r = await loopback.start(desired("xeon-2s-ht", "individual"))
-    await watching(server, r)
-    assert loopback.sleeps.delays == [0.5, 1.0, 2.0, 4.0]
-    assert (r.watch_errors, r.watch_requests) == (4, 5)
-    assert r.sync_reasons == {"start": 1}
 
 
 async def test_resync_converges_when_the_watch_is_unavailable(
