@@ -573,7 +573,7 @@ def test_the_watcher_never_writes(tmp_path: Path) -> None:
     (tree.leaf(0) / "cpuset.cpus").write_text("7\n")
     stray = make_cgroup(tree.h, "kubepods/podnew/s1", cpus="0-7")
     w = tree.watcher()
-    w.writer.write_many = lambda intents, **kw: []  # type: ignore[method-assign,assignment,misc]
+    w.writer.write_many = lambda intents, **kw: []  # type: ignore[method-assign]
     report = tree.check(w)
     assert (report.drifted, report.repaired, report.unknown_found, report.unknown_confined) == (
         1,
