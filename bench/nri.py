@@ -9,13 +9,13 @@ runtime has applied them (1,000 cpuset.cpus writes) and answered; median of 7 ru
 
 `pool_convergence_1000_ms` is the same pool change with the simulator in containerd-drop
 mode (the runtime says yes and applies nothing): from the state owner's SharedPoolChanged
-through the pool pusher and the verifier's pass to the last of the 1,000 cgroups written by
+through the pool pusher and the cgroupfs writer's pass to the last of the 1,000 cgroups written by
 dracpu itself; median of 5 runs. `pool_convergence_applied_1000_ms` is the same change with
 the runtime applying it: from SharedPoolChanged until its UpdateContainers reply, when every
 cgroup holds the pool; median of 5 runs alternated with the dropped ones.
 `pool_convergence_dropped_vs_applied_1000` is their ratio (target 1.5 at most), and
 `writes_per_container_per_change` counts every write of a shared container's cpuset.cpus,
-the runtime's and dracpu's (verifier, fallback, drift watcher running with inotify), over
+the runtime's and dracpu's (the one writer task, drift watcher running with inotify), over
 those 10 changes (target 1.0: no cgroup written twice for one change).
 `reconnect_after_socket_ms` is a runtime
 restart: from the runtime binding its socket again to the session synchronized; median of
@@ -28,7 +28,6 @@ import collections
 import functools
 import json
 import logging
-import math
 import os
 import shutil
 import statistics
@@ -43,7 +42,7 @@ import trio
 from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
 from dracpu.cgroupfs import blocking_writer
-from dracpu.cgroupfs.verify import Verifier
+from dracpu.cgroupfs.intent_view import IntentView
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
@@ -120,7 +119,7 @@ class _TimedSession:
         self._session = session
         self.returned = 0.0
 
-    async def update_containers(self, updates: Any) -> list[str]:
+    async def update_containers(self, updates: Any) -> list[Any]:
         failed = await self._session.update_containers(updates)
         self.returned = time.perf_counter()
         return failed
@@ -154,26 +153,22 @@ async def _pool_convergence(
     cgroup_root: str,
 ) -> dict[str, float]:
     """One pool change at a time, alternately applied by the runtime and dropped by it
-    (containerd-drop: it says yes and writes nothing), with the verifier, the pusher and
+    (containerd-drop: it says yes and writes nothing), with the cgroupfs writer, the pusher and
     the drift watcher (inotify on) running as in the daemon. Returns the median time until
     every cgroup holds the new pool per mode, and the writes per container and change of
     every writer (the runtime's and dracpu's)."""
-    verify_send, verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
-    writer = CgroupWriter(cgroup_root)
-    verifier = _SignallingVerifier(writer, plugin.intents_of)
+    writer = _SignallingWriter(cgroup_root)
     timed = _TimedSession(session)
-    watcher = DriftWatcher(
-        writer, plugin.intents, lambda: state.shared_pool.format(), interval=10.0
-    )
+    watcher = DriftWatcher(writer, state.view, interval=10.0)
     pusher = PoolPusher(
         state.pool_changes(),
         plugin,
         timed,  # type: ignore[arg-type]
-        verify=verify_send,
+        verify=writer.inbox(),
         writer=writer,
         watcher=watcher,
     )
-    await nursery.start(verifier.run, verify_recv)
+    await nursery.start(writer.run, state.view)
     await nursery.start(pusher.run)
     await nursery.start(watcher.run)
     shared = [c for c in sim.containers if c.pod_uid == "shared"]
@@ -199,9 +194,9 @@ async def _pool_convergence(
                 state.finish_unprepare(f"C{run - 1}")
             want = state.shared_pool.format()
             start = time.perf_counter()
-            # Woken by the verifier's pass itself: a polling loop here would take the GIL
-            # from the verifier's worker thread a thousand times a second.
-            await verifier.wait_pass()
+            # Woken by the writer's pass itself: a polling loop here would take the GIL
+            # from the writer's worker thread a thousand times a second.
+            await writer.wait_pass()
             held = timed.returned if mode == "apply" else time.perf_counter()
             runs[mode].append(held - start)
             assert all(sim.cpuset_of(c.id) == want for c in shared), "a cgroup did not converge"
@@ -341,15 +336,15 @@ async def _echo_plugin(
         await trio.sleep_forever()
 
 
-class _SignallingVerifier(Verifier):
-    """The verifier, telling the bench when each pass is over."""
+class _SignallingWriter(CgroupWriter):
+    """The cgroupfs writer, telling the bench when each pass is over."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._passed = trio.Event()
 
-    async def verify(self, message: VerifyCpusets) -> list[str]:
-        written = await super().verify(message)
+    async def verify(self, message: VerifyCpusets, view: IntentView) -> list[str]:
+        written = await super().verify(message, view)
         self._passed.set()
         return written
 
