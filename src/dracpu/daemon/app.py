@@ -2,15 +2,15 @@
 
 Start order (ARCHITECTURE.md): HTTP endpoints (so ``/healthz`` says 503 while starting) →
 topology and devices → state restore (checkpoint + CDI specs) → the kubelet sockets and the
-NRI session side by side, neither waiting for the other, with the cgroupfs fallback writer
-and drift watcher beside them → ResourceSlice publication. ``/readyz`` turns ready once the
+NRI session side by side, neither waiting for the other, with the one cgroupfs writer task
+and the drift watcher beside them → ResourceSlice publication. ``/readyz`` turns ready once the
 kubelet registered the plugin, the runtime synchronized and the slices are published.
 
 The allocation state has one owner, ``NodeState`` (``dracpu.state``). The kubelet service
 and the NRI plugin change it through its methods; what changed reaches the other services
 as messages: ``ClaimsChanged`` to the checkpoint writer, ``SharedPoolChanged`` to the pool
-pusher, ``CpusetUpdateFailed`` from the NRI session to the cgroupfs fallback writer
-(docs/dev/architecture.md draws each channel).
+pusher, ``VerifyCpusets`` (with the runtime's ``CpusetUpdateFailed``) from the pool pusher
+and the NRI session to the cgroupfs writer (docs/dev/architecture.md draws each channel).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry
 
 from dracpu.allocation.floor import SharedFloor, shared_floor, unpublished_cpus
 from dracpu.allocation.store import AllocationStore
-from dracpu.cgroupfs.verify import Verifier
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse_reserved_cpus
@@ -49,7 +48,6 @@ from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
 from dracpu.kubelet.registration import WAITING_REASON, RegistrationError, RegistrationService
 from dracpu.logs import get_logger
-from dracpu.messages import CpusetUpdateFailed, VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
@@ -127,9 +125,6 @@ class Daemon:
         self.main_app: HTTPApp | None = None
         self._ready: dict[str, ReadyFlag] = {}
         self.view = DaemonView(self)
-        self._failed_send, self._failed_recv = trio.open_memory_channel[CpusetUpdateFailed](256)
-        self._verify_send, self._verify_recv = trio.open_memory_channel[VerifyCpusets](math.inf)
-        self.verifier: Verifier | None = None
 
     # -- start-up -----------------------------------------------------------------------
 
@@ -289,11 +284,10 @@ class Daemon:
         problem = await trio.to_thread.run_sync(self.writer.find_hierarchy)
         if problem:
             log.warning(
-                "cpusets cannot be verified or repaired: the fallback writer, the verifier "
-                "and the drift watcher stay idle until the hierarchy appears",
+                "cpusets cannot be verified or repaired: the cgroupfs writer and the drift "
+                "watcher stay idle until the hierarchy appears",
                 err=problem,
             )
-        assert self.verifier is not None
         self.hotplug = HotplugWatcher(self, interval=self.hotplug_interval)
         self.hotplug.report_health()  # claims restored with offline CPUs
         assert self.irq is not None
@@ -301,7 +295,7 @@ class Daemon:
             self.state.pool_changes(),
             self.plugin,
             self.session,
-            verify=self._verify_send,
+            verify=self.writer.inbox(),
             writer=self.writer,
             watcher=self.watcher,
         )
@@ -309,11 +303,9 @@ class Daemon:
             Service(name="kubelet", run=self.kubelet.run),
             Service(name="registration", run=self._watch_registration),
             Service(name="nri", run=self.session.run),
-            Service(
-                name="cgroup-fallback", run=partial(self.writer.run_fallback, self._failed_recv)
-            ),
+            # The one cgroupfs writer: the runtime's failures, the passes, drift repairs.
+            Service(name="cgroup-writer", run=partial(self.writer.run, self.state.view)),
             Service(name="drift", run=self.watcher.run),
-            Service(name="verify", run=partial(self.verifier.run, self._verify_recv)),
             Service(name="pool", run=pusher.run),
             Service(name="hotplug", run=self.hotplug.run),
             # After the restore: its first pass bans what the restored claims ask for and
@@ -365,18 +357,11 @@ class Daemon:
             self.plugin,
             ready=self._ready[READY_NRI],
             cdi_dir=cfg.cdiDir,
-            failed_updates=self._failed_send,
-            verify=self._verify_send,
+            verify=self.writer.inbox(),
             metrics=self.metrics,
         )
-        self.verifier = Verifier(self.writer, self.plugin.intents_of, metrics=self.metrics)
         self.watcher = DriftWatcher(
-            self.writer,
-            self.plugin.intents,
-            lambda: state.shared_pool.format(),
-            interval=self.drift_interval,
-            metrics=self.metrics,
-            confine_unknown=lambda: state.has_synchronized,
+            self.writer, state.view, interval=self.drift_interval, metrics=self.metrics
         )
 
     # -- long-lived glue tasks ----------------------------------------------------------
