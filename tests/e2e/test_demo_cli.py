@@ -152,12 +152,15 @@ spec:
 
 
 def _without_volatile(value: object) -> object:
-    """The document minus what differs between runs by nature: timestamps and UIDs."""
+    """The document minus what differs between runs by nature: timestamps and UIDs (the
+    claims' status.devices conditions say when dracpu prepared the claim; a share of a
+    device is named by a UID the scheduler makes)."""
     if isinstance(value, dict):
         return {
             k: _without_volatile(v)
             for k, v in value.items()
-            if k not in ("uid", "creationTimestamp", "resourceVersion")
+            if k
+            not in ("uid", "creationTimestamp", "resourceVersion", "lastTransitionTime", "shareID")
         }
     if isinstance(value, list):
         return [_without_volatile(v) for v in value]
