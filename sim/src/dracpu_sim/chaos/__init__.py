@@ -18,7 +18,10 @@ done since the last fault. The invariants (:func:`check_invariants`) must then h
 - the claims the daemon holds, its checkpoint and its CDI specs say the same, and the
   kubelet has exactly those claims prepared (no claim leaked, none lost);
 - the published ResourceSlices carry exactly the devices built from the same topology;
-- every pod bound to the node (its claims allocated) runs; every deleted pod is gone.
+- every pod bound to the node (its claims allocated) runs; every deleted pod is gone;
+- no interrupt of the daemon's fake procfs (``--proc-root``) may run on the CPUs of a
+  prepared claim that asked for ``isolateIRQs``, and every mask, the default affinity
+  too, is its original minus those CPUs (so none stays banned once the claims are gone).
 
 The schedule is a pure function of the seed (:func:`make_plan`): the same seed gives the
 same pods, the same faults at the same offsets, with the same parameters. Which container

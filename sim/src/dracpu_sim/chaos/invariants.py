@@ -88,6 +88,14 @@ class Observation:
     daemon_intents: dict[str, str] | None = None
     runtime_containers: set[str] | None = None
     sandboxes: list[SandboxView] = field(default_factory=list)
+    # Interrupts of the daemon's fake procfs: each one's mask before the run and now, the
+    # default affinity likewise, and the CPUs of the prepared claims that asked for
+    # isolateIRQs (from the API's claims and the daemon's); None: not looked at.
+    irq_originals: dict[int, CPUSet] | None = None
+    irq_affinities: dict[int, CPUSet] = field(default_factory=dict)
+    irq_default_original: CPUSet = field(default_factory=CPUSet)
+    irq_default: CPUSet | None = None
+    irq_banned: CPUSet = field(default_factory=CPUSet)
 
 
 def slice_devices(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -371,6 +379,47 @@ def _check_slices(obs: Observation, out: list[Violation]) -> None:
         out.append(Violation("slices-mismatch", detail))
 
 
+def _irq_wanted(original: CPUSet, banned: CPUSet) -> CPUSet:
+    # An interrupt whose every CPU is banned keeps its original (dracpu never empties one).
+    return (original - banned) or original
+
+
+def _check_irqs(obs: Observation, out: list[Violation]) -> None:
+    """While a claim asking for isolateIRQs is prepared no interrupt that can move (every
+    one of the fake tree) may run on its CPUs, and every mask is its original minus the
+    banned CPUs: nothing banned is left over once those claims are gone."""
+    if obs.irq_originals is None:
+        return
+    banned = obs.irq_banned
+    masks = [
+        (f"interrupt {irq}", original, obs.irq_affinities.get(irq))
+        for irq, original in sorted(obs.irq_originals.items())
+    ]
+    masks.append(("default_smp_affinity", obs.irq_default_original, obs.irq_default))
+    for what, original, now in masks:
+        if now is None:
+            out.append(Violation("irq-unreadable", f"{what}: its mask could not be read"))
+            continue
+        wanted = _irq_wanted(original, banned)
+        on_banned = now & banned
+        if on_banned and not (wanted & banned):
+            out.append(
+                Violation(
+                    "irq-on-isolated-cpu",
+                    f"{what} may run on {on_banned}, CPUs of prepared claims that asked for "
+                    "isolateIRQs",
+                )
+            )
+        elif now != wanted:
+            out.append(
+                Violation(
+                    "irq-mask-wrong",
+                    f"{what} has {now}, want {wanted} (its original {original} minus the "
+                    f"banned {banned or 'nothing'})",
+                )
+            )
+
+
 def check_invariants(obs: Observation) -> list[Violation]:
     """Every violated invariant of a settled node; empty when all hold."""
     out: list[Violation] = []
@@ -381,4 +430,5 @@ def check_invariants(obs: Observation) -> list[Violation]:
     _check_container_table(obs, out)
     _check_pods(obs, out)
     _check_slices(obs, out)
+    _check_irqs(obs, out)
     return out

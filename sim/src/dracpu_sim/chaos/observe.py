@@ -7,6 +7,7 @@ each from its own source, so that the invariants compare them.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from dracpu.allocation.floor import unpublished_cpus
 from dracpu.config import DriverConfig
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory, build_slices
+from dracpu.irq.procfs import IrqFileError, ProcIrq
 from dracpu.topology.discover import discover_from_root
 from dracpu_sim.chaos.invariants import ContainerView, Observation, PodView, SandboxView
 from dracpu_sim.chaos.plan import NAMESPACE
+from dracpu_sim.chaos.procfs import FakeIrqs
 from dracpu_sim.node import SimNode
 
 __all__ = ["desired_slices", "observe_node", "pod_views"]
@@ -131,22 +134,68 @@ def _published_slices(node: SimNode) -> list[dict[str, Any]]:
     ]
 
 
+def _asks_for_isolation(claim: dict[str, Any]) -> bool:
+    """Whether a claim's own opaque config sets isolateIRQs (the chaos run's DeviceClass
+    has no config)."""
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") == DRIVER_NAME and (opaque.get("parameters") or {}).get(
+            "isolateIRQs"
+        ):
+            return True
+    return False
+
+
+def _read_irqs(irqs: FakeIrqs) -> tuple[dict[int, CPUSet], CPUSet | None]:
+    proc = ProcIrq(irqs.proc_root)
+    masks: dict[int, CPUSet] = {}
+    for irq in irqs.originals:
+        with contextlib.suppress(IrqFileError):  # left out: reported as unreadable
+            masks[irq] = proc.read_affinity(irq)
+    try:
+        default: CPUSet | None = proc.read_default().cpus
+    except IrqFileError:
+        default = None
+    return masks, default
+
+
 async def observe_node(
-    node: SimNode, *, online: CPUSet, reserved: CPUSet, desired: list[dict[str, Any]]
+    node: SimNode,
+    *,
+    online: CPUSet,
+    reserved: CPUSet,
+    desired: list[dict[str, Any]],
+    irqs: FakeIrqs | None = None,
 ) -> Observation:
     """Everything the invariants look at, read from the node and its running daemon.
 
     ``online`` and ``reserved`` are the node's CPUs and the daemon's ``--reserved-cpus``;
-    ``desired`` the slices it should publish (:func:`desired_slices`).
+    ``desired`` the slices it should publish (:func:`desired_slices`); ``irqs`` the fake
+    procfs the daemon was given, if any.
     """
     state = await node.debug_state()
     checkpoint_claims, checkpoint_error = _checkpoint_claims(node)
     scan = cdi.read_claim_specs(node.cdi_dir)
+    daemon_claims = {c["uid"]: CPUSet.parse(c["cpus"]) for c in state.get("claims") or []}
+    irq_fields: dict[str, Any] = {}
+    if irqs is not None:
+        banned = CPUSet()
+        for claim in node.api.list("resourceclaims", NAMESPACE):
+            if _asks_for_isolation(claim):
+                banned |= daemon_claims.get(claim["metadata"]["uid"], CPUSet())
+        masks, default = _read_irqs(irqs)
+        irq_fields = {
+            "irq_originals": dict(irqs.originals),
+            "irq_affinities": masks,
+            "irq_default_original": irqs.default_original,
+            "irq_default": default,
+            "irq_banned": banned,
+        }
     return Observation(
         online=online,
         reserved=reserved,
         daemon_reserved=CPUSet.parse(state.get("reserved") or ""),
-        daemon_claims={c["uid"]: CPUSet.parse(c["cpus"]) for c in state.get("claims") or []},
+        daemon_claims=daemon_claims,
         shared_pool=CPUSet.parse(state.get("sharedPool") or ""),
         checkpoint_claims=checkpoint_claims,
         checkpoint_error=checkpoint_error,
@@ -165,4 +214,5 @@ async def observe_node(
             else None
         ),
         sandboxes=_sandboxes(node),
+        **irq_fields,
     )

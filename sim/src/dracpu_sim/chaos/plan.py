@@ -7,6 +7,7 @@ pods, the same faults at the same offsets, with the same parameters.
 from __future__ import annotations
 
 import random
+import zlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ class PodPlan:
     claim_cpus: int = 0
     full_cores: bool = False  # fullPCPUsOnly (grouped mode)
     sidecar: bool = False  # a second container that uses no claim
+    # isolateIRQs in the claim's options. Drawn from the name, not the seeded generator,
+    # so every seed's plan is the one it was before the option existed.
+    isolate_irqs: bool = False
 
     @property
     def claim_name(self) -> str:
@@ -102,7 +106,13 @@ def _pod_plan(rng: random.Random, name: str, mode: str) -> PodPlan:
     if rng.random() < 0.06:
         size = rng.choice((16, 24))
     full = mode == "grouped" and size % 2 == 0 and rng.random() < 0.25
-    return PodPlan(name, claim_cpus=size, full_cores=full, sidecar=rng.random() < 0.25)
+    return PodPlan(
+        name,
+        claim_cpus=size,
+        full_cores=full,
+        sidecar=rng.random() < 0.25,
+        isolate_irqs=zlib.crc32(name.encode()) % 3 == 0,
+    )
 
 
 def _plan_workload(
@@ -187,12 +197,12 @@ def claim_object(pod: PodPlan, mode: str) -> dict[str, Any]:
     else:
         request["capacity"] = {"requests": {"dra.cpu/cpu": str(pod.claim_cpus)}}
     spec: dict[str, Any] = {"devices": {"requests": [{"name": "cpus", "exactly": request}]}}
-    if pod.full_cores:
-        options = {
-            "apiVersion": "dra.cpu/v1alpha1",
-            "kind": "AllocationOptions",
-            "fullPCPUsOnly": True,
-        }
+    if pod.full_cores or pod.isolate_irqs:
+        options: dict[str, Any] = {"apiVersion": "dra.cpu/v1alpha1", "kind": "AllocationOptions"}
+        if pod.full_cores:
+            options["fullPCPUsOnly"] = True
+        if pod.isolate_irqs:
+            options["isolateIRQs"] = True
         spec["devices"]["config"] = [
             {"requests": ["cpus"], "opaque": {"driver": DRIVER_NAME, "parameters": options}}
         ]
