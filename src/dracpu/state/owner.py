@@ -302,7 +302,8 @@ class NodeState:
         if record is not None:
             self.refresh_gauges()
             self._publish_pool()
-            self._publish_event(ClaimPrepared(**_event_fields(record)))
+            if self._events_out:  # nobody subscribed: build no event
+                self._publish_event(ClaimPrepared(**_event_fields(record)))
 
     def abort_prepare(self, plan: ClaimPlan) -> None:
         """The prepare failed before anyone saw the claim; the next checkpoint drops it."""
@@ -313,7 +314,7 @@ class NodeState:
         return self.store.begin_release(claim_uid)
 
     def finish_unprepare(self, claim_uid: str) -> None:
-        record = self.store.get(claim_uid)
+        record = self.store.get(claim_uid) if self._events_out else None
         self.store.release(claim_uid)
         self.tracker.release([claim_uid])
         self.refresh_gauges()
