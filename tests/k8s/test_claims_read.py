@@ -244,3 +244,16 @@ async def test_the_longest_names_a_claim_can_have_are_looked_up(
     name = ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
     with pytest.raises(ClaimNotFound):
         await read_claim(kube, "n" * 63, name, "uid-1")
+
+
+async def test_read_claim_is_a_raw_get_without_the_generated_api(
+    sim: tuple[SimAPIServer, KubeClient],
+) -> None:
+    # ResourceV1Api pulls in the client's model classes and validates every argument of
+    # every call: the claim is read without ever building it.
+    server, kube = sim
+    uid = make_claim(server)
+    for _ in range(3):
+        await read_claim(kube, "ns1", "web", uid, pool="node-a")
+    assert kube._resource is None
+    assert server.calls.get("get", "resourceclaims") == 3

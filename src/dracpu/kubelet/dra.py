@@ -37,7 +37,12 @@ from dracpu.k8s.claims import ClaimReadError
 from dracpu.k8s.names import shorten
 from dracpu.kubelet._aio import Serializer
 from dracpu.kubelet.claims import ClaimSource
-from dracpu.kubelet.metadata import DeviceAttributes, remove_claim_metadata, write_claim_metadata
+from dracpu.kubelet.metadata import (
+    DeviceAttributes,
+    MetadataPurger,
+    remove_claim_metadata,
+    write_claim_metadata,
+)
 from dracpu.logs import operation
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_grpc as v1_grpc
@@ -45,6 +50,7 @@ from dracpu.proto.dra.v1 import api_pb2 as v1_pb
 from dracpu.proto.dra.v1beta1 import api_grpc as v1beta1_grpc
 from dracpu.proto.dra.v1beta1 import api_pb2 as v1beta1_pb
 from dracpu.state.owner import NodeState
+from dracpu.threadbatch import ThreadBatcher
 from dracpu.topology.model import Topology
 
 __all__ = [
@@ -174,6 +180,8 @@ class DRAService:
         self.plugin_data_dir = plugin_data_dir
         # Like _offload_io, for metadata files: a caller's choice holds for them too.
         self._metadata_offload = offload_io
+        self._metadata_batches = ThreadBatcher()
+        self._metadata_purger: MetadataPurger | None = None
 
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
@@ -219,18 +227,25 @@ class DRAService:
         return not self._metadata_offload
 
     async def _metadata_io(self, fn: Callable[..., T], *args: object) -> T:
-        return await self._serial.run_blocking(fn, *args, inline=self._metadata_inline())
+        if self._metadata_inline():
+            return fn(*args)
+        # Calls of claims prepared or unprepared together share one worker-thread hop.
+        return await self._metadata_batches.run(fn, *args)
 
     async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
         if self.plugin_data_dir is not None:
+            # The claim's directory is renamed aside at once and deleted in the background.
             await self._metadata_io(
-                remove_claim_metadata,
+                functools.partial(remove_claim_metadata, purge=False),
                 self.plugin_data_dir,
                 self.cdi_dir,
                 namespace,
                 name,
                 claim_uid,
             )
+            if self._metadata_purger is None:
+                self._metadata_purger = MetadataPurger(self.plugin_data_dir)
+            self._metadata_purger.soon()
 
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:

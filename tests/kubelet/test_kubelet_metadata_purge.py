@@ -1,0 +1,122 @@
+"""Device metadata removed without waiting for directory deletions, and written as durable
+as the CDI spec that mounts it.
+
+An unprepare renames the claim's metadata directory aside (``.removed-<random>``), so the
+claim's path is free at once; ``purge_removed_metadata`` (run by ``MetadataPurger`` in the
+background) deletes what was set aside.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from dracpu.allocation.prepare import ClaimAllocation
+from dracpu.allocation.store import PreparedDevice
+from dracpu.kubelet import metadata
+from dracpu.kubelet.metadata import (
+    METADATA_DIR,
+    MetadataPurger,
+    purge_removed_metadata,
+    remove_claim_metadata,
+    write_claim_metadata,
+)
+
+UID = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
+CLAIM = ClaimAllocation(uid=UID, namespace="team-a", name="web")
+DEVICES = [PreparedDevice(pool_name="node-a", device_name="cpudevnuma000", request_names=("cpus",))]
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[str, str]:
+    plugin_dir, cdi_dir = tmp_path / "plugin", tmp_path / "cdi"
+    plugin_dir.mkdir()
+    cdi_dir.mkdir()
+    return str(plugin_dir), str(cdi_dir)
+
+
+def entries(plugin_dir: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(plugin_dir, METADATA_DIR)))
+
+
+def test_removal_sets_the_claim_directory_aside_and_a_purge_deletes_it(
+    dirs: tuple[str, str],
+) -> None:
+    plugin_dir, cdi_dir = dirs
+    assert write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
+    assert os.listdir(cdi_dir) == []
+    (aside,) = entries(plugin_dir)
+    assert aside.startswith(".removed-") and len(aside) == len(".removed-") + 16
+    # Prepared again before any purge: the claim's path is free, and the purge keeps it.
+    assert write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    assert purge_removed_metadata(plugin_dir) == 1
+    assert entries(plugin_dir) == ["team-a_web"]
+    assert purge_removed_metadata(plugin_dir) == 0
+
+
+def test_default_removal_deletes_at_once(dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID)
+    assert entries(plugin_dir) == [] and os.listdir(cdi_dir) == []
+
+
+def test_a_directory_that_cannot_be_set_aside_is_deleted_in_place(
+    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(metadata.os, "rename", refuse)
+    with caplog.at_level(logging.WARNING, logger=metadata.__name__):
+        remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
+    assert entries(plugin_dir) == []
+    assert "failed to set device metadata" in caplog.text and "Permission denied" in caplog.text
+
+
+def test_nothing_to_remove_or_purge_is_fine(dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = dirs
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
+    assert purge_removed_metadata(plugin_dir) == 0  # not even the metadata dir exists
+
+
+async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhile(
+    dirs: tuple[str, str],
+) -> None:
+    plugin_dir, cdi_dir = dirs
+    purger = MetadataPurger(plugin_dir)
+    for name in ("a", "b"):
+        claim = ClaimAllocation(uid=UID, namespace="team-a", name=name)
+        write_claim_metadata(plugin_dir, cdi_dir, claim, DEVICES, None)
+        remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False)
+        purger.soon()  # the second call finds the first purge running, or done
+    with trio.fail_after(10):
+        while purger.purged < 2 or entries(plugin_dir):
+            await trio.sleep(0.01)
+    assert purger.purged == 2
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_metadata_file_is_as_durable_as_its_cdi_spec(
+    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    plugin_dir, cdi_dir = dirs
+    seen: dict[str, bool] = {}
+    write = metadata.atomic_write
+
+    def recorded(path: str, data: bytes, **kw: Any) -> None:
+        seen[os.path.basename(path)] = kw.get("durable", True)
+        write(path, data, **kw)
+
+    monkeypatch.setattr(metadata, "atomic_write", recorded)
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None, spec_durable=durable)
+    assert seen == {"metadata.json": durable, f"dra.cpu_metadata_{UID}_cpus.json": durable}
