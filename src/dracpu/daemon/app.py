@@ -39,6 +39,7 @@ from dracpu.http.app import HTTPApp
 from dracpu.http.server import serve_http
 from dracpu.irq import IrqIsolation
 from dracpu.irq.metrics import IrqMetrics
+from dracpu.k8s.claim_status import ClaimStatusWriter
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu.k8s.nodes import get_node_uid
 from dracpu.k8s.slices import NOT_PUBLISHED, SliceReconciler
@@ -98,6 +99,14 @@ class Daemon:
         self.proc_root = proc_root
         self.registry = registry or CollectorRegistry()
         self.metrics = DriverMetrics(self.registry)
+        # The claims' status.devices, written beside prepares (k8s/claim_status.py).
+        self.claim_status = ClaimStatusWriter(
+            kube,
+            node_name=node_name,
+            topology=lambda: self.topology,
+            count=self.metrics.count_claim_status_write,
+            enabled=config.claimStatus,
+        )
         self.drift_interval = drift_interval
         self.slice_resync = slice_resync
         self.supervisor: Supervisor | None = None
@@ -311,6 +320,7 @@ class Daemon:
             # After the restore: its first pass bans what the restored claims ask for and
             # gives back what a crash left banned.
             Service(name="irq", run=partial(self.irq.run, self.state.claim_events())),
+            Service(name="claim-status", run=self.claim_status.run),
         ]
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
@@ -338,6 +348,7 @@ class Daemon:
             node_name=self.node_name,
             # Device metadata for the workload, as upstream's kubelet-plugin helper writes.
             plugin_data_dir=paths.plugin_dir,
+            claim_status=self.claim_status.send,
         )
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]

@@ -54,6 +54,7 @@ class DaemonView:
                 "writes": d.checkpoint.writes,
                 "lastError": d.checkpoint.last_error or None,
             }
+        doc["claimStatus"] = d.claim_status.describe()
         if d.plugin is not None:
             doc["containers"] = [
                 {
