@@ -429,3 +429,49 @@ async def test_kubectl_shows_the_entries_the_writer_applied(
     devices = json.loads(shown.stdout)["status"]["devices"]
     assert devices == body["status"]["devices"]
     assert devices[0]["data"]["cpuset"] == "0-1"
+
+
+def test_with_the_gate_off_the_field_is_dropped_silently() -> None:
+    store = ObjectStore(clock=lambda: NOW, rng=random.Random(7), device_status=False)
+    allocated_claim(store)
+    claim = apply_status(store, FIELD_MANAGER, entry())
+    assert "devices" not in claim["status"]
+    assert claim["status"]["allocation"]
+
+
+async def test_the_writer_stops_when_the_server_drops_the_field(tmp_path: Path) -> None:
+    server = SimAPIServer(seed=3, device_status=False)
+    counted: list[tuple[str, str]] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        client = KubeClient(load_api_client(str(server.write_kubeconfig(tmp_path / "kc"))))
+        allocated_claim(server.store)
+        uid = server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
+        writer = ClaimStatusWriter(
+            client,
+            node_name="node-a",
+            topology=lambda: None,
+            count=lambda op, result: counted.append((op, result)),
+            now=lambda: NOW,
+        )
+        await nursery.start(writer.run)
+        writer.send(
+            ClaimPrepared(
+                uid=uid,
+                namespace="ns",
+                name="c1",
+                cpus="0",
+                devices=(StatusDevice(pool="node-a", device="cpudev000"),),
+            )
+        )
+        with trio.fail_after(10):
+            while not counted:
+                await trio.sleep(0.01)
+        # Nothing more is written: not this claim's removal, not another claim.
+        writer.send(ClaimUnprepared(uid=uid, namespace="ns", name="c1"))
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    client.close()
+    assert counted == [("apply", "refused")]
+    assert server.calls.get("patch", "resourceclaims/status") == 1
+    assert "DRAResourceClaimDeviceStatus" in writer.describe()["disabled"]

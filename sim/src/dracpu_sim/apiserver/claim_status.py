@@ -17,13 +17,15 @@ and done here follows kubernetes/kubernetes (v1.35):
   characters, hardware address at most 128, at most 16 IPs in CIDR form.
 - ``drop_deallocated`` is the status strategy's ``dropDeallocatedStatusDevices``
   (pkg/registry/resource/resourceclaim/strategy.go): an update that takes devices out of
-  the allocation takes their status entries with it.
+  the allocation takes their status entries with it; with the simulator's
+  ``device_status=False`` (the feature gate off), ``drop_disabled_device_status`` drops the
+  field from a write to a claim that had none, silently, as the strategy does.
 
 Merging by server-side apply: the list is ``listType=map`` keyed on driver, device, pool
 and shareID (k8s.io/api resource/v1 types.go), which ``apply.PATH_KEYS`` gives the merge;
 each field manager's entries are its own and one that applies again without an entry
 removes it. The simulator serves the feature as with ``DRAResourceClaimDeviceStatus`` on
-(the default from 1.33).
+(the default from 1.33) unless it is made with ``device_status=False``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "DEVICE_STATUS_KEYS",
     "MAX_CONDITIONS",
     "drop_deallocated",
+    "drop_disabled_device_status",
     "validate_device_statuses",
 ]
 
@@ -282,6 +285,17 @@ def validate_device_statuses(claim: Mapping[str, Any]) -> list[FieldError]:
             errors.append(FieldError("FieldValueDuplicate", at, f"Duplicate value: {shown}"))
         seen.add(key)
     return errors
+
+
+def drop_disabled_device_status(new: dict[str, Any], old: Mapping[str, Any]) -> None:
+    """The ``DRAResourceClaimDeviceStatus`` gate off: ``new``'s ``status.devices`` goes,
+    silently, unless ``old`` already had entries
+    (``dropDisabledDRAResourceClaimDeviceStatusFields``). Changes ``new`` in place."""
+    if (old.get("status") or {}).get("devices"):
+        return
+    status = new.get("status")
+    if isinstance(status, dict):
+        status.pop("devices", None)
 
 
 def drop_deallocated(new: dict[str, Any], old: Mapping[str, Any]) -> None:

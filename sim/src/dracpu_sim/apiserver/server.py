@@ -43,12 +43,14 @@ class SimAPIServer:
         graceful_pod_deletion: bool = False,
         clock: Callable[[], datetime] | None = None,
         seed: int | None = None,
+        device_status: bool = True,
     ) -> None:
         self.store = ObjectStore(
             history_limit=history_limit,
             clock=clock or (lambda: datetime.now(UTC)),
             rng=random.Random(seed),
             graceful_pod_deletion=graceful_pod_deletion,
+            device_status=device_status,
         )
         self.faults = FaultInjector()
         self.calls = CallCounter()

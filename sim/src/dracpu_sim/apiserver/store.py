@@ -24,7 +24,11 @@ import msgspec
 
 from dracpu_sim.apiserver import errors, openapi
 from dracpu_sim.apiserver.apply import APPLY_PATCH, applied_configuration, merge_applied
-from dracpu_sim.apiserver.claim_status import drop_deallocated, validate_device_statuses
+from dracpu_sim.apiserver.claim_status import (
+    drop_deallocated,
+    drop_disabled_device_status,
+    validate_device_statuses,
+)
 from dracpu_sim.apiserver.deployments import validate_deployment, validate_deployment_update
 from dracpu_sim.apiserver.errors import ApiError, FieldError
 from dracpu_sim.apiserver.patch import json_patch, merge_patch
@@ -187,6 +191,9 @@ class ObjectStore:
     # Pods bound to a node are deleted gracefully (deletionTimestamp first, removal on a
     # later delete with gracePeriodSeconds=0), as the real server does.
     graceful_pod_deletion: bool = False
+    # The DRAResourceClaimDeviceStatus feature gate (on by default from 1.33): off, a
+    # claim's status.devices is dropped on write unless the claim already had some.
+    device_status: bool = True
 
     rv: int = 0
     compacted_rv: int = 0
@@ -544,6 +551,8 @@ class ObjectStore:
             else:
                 new.pop("status", None)
             if resource is RESOURCE_CLAIMS:
+                if not self.device_status:
+                    drop_disabled_device_status(new, old)
                 drop_deallocated(new, old)
             return new  # type: ignore[no-any-return]
         new = obj
