@@ -390,17 +390,41 @@ async def test_a_pass_never_writes_back_a_set_the_owner_moved_on_from(tmp_path: 
     assert writer.tally.rewritten == 0
 
 
-async def test_a_pass_is_not_torn_by_cancellation(tmp_path: Path) -> None:
+async def test_a_cancelled_pass_leaves_its_step_to_finish_in_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cancellation (a stop) never waits for cgroupfs: the step in flight is abandoned, yet
+    # its thread still writes and reads back as one step, and the next step of the writer
+    # cannot start before that thread ends.
     root = v1_root(tmp_path)
     leaf = make_cgroup(root / "cpuset", "kubepods/podp1/c1")
     writer = CgroupWriter(str(root))
     want = intent("c1", cpus="5")
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        written = await writer.verify(
-            VerifyCpusets(intents=(want,), cause="pool"), FakeView([want])
-        )
-    assert written == ["c1"]
+    in_step, release = threading.Event(), threading.Event()
+    write_then_read = writer.write_then_read
+
+    def hung_write(*args: object, **kwargs: object) -> object:
+        in_step.set()
+        release.wait(timeout=30)
+        return write_then_read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "write_then_read", hung_write)
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    writer.verify, VerifyCpusets(intents=(want,), cause="pool"), FakeView([want])
+                )
+                await trio.to_thread.run_sync(in_step.wait)
+                scope.cancel()
+        assert scope.cancelled_caught  # the pass ended without waiting for its thread
+        assert read(leaf / "cpuset.cpus") != "5"
+        assert writer._one_thread.borrowed_tokens == 1  # held by the abandoned step
+    finally:
+        release.set()
+    with trio.fail_after(10):
+        async with writer._one_thread:  # free once the abandoned step ended
+            pass
     assert read(leaf / "cpuset.cpus") == "5"
 
 

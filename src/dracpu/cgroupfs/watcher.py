@@ -155,6 +155,8 @@ class DriftWatcher:
         self.writer = writer
         self._view = view
         self._reader = CgroupReader(writer.cgroup_root)
+        # One read at a time: an abandoned read (below) keeps the next from starting.
+        self._one_thread = trio.CapacityLimiter(1)
         self._repairs = writer.inbox()
         self.interval = interval
         self.metrics = metrics
@@ -185,8 +187,11 @@ class DriftWatcher:
         pool = view.shared_pool.format()  # one instant with the intents: nothing awaits
         before = _OwnerSaid(intents=list(view.intents()), pool=pool)
         if self.offload:
-            with trio.CancelScope(shield=True):
-                found = await trio.to_thread.run_sync(self._look, before)
+            # Reads only: abandoned when the watcher is cancelled (at shutdown), so a hung
+            # cgroupfs read never holds up the stop.
+            found = await trio.to_thread.run_sync(
+                self._look, before, abandon_on_cancel=True, limiter=self._one_thread
+            )
         else:
             found = self._look(before)
         if isinstance(found, DriftReport):

@@ -14,9 +14,12 @@ reading one inbox of requests from three senders:
 One rule for every write, asked of the state owner (an ``IntentView``, ``intent_view.py``)
 on the Trio thread right before the write: is this set still wanted? Then only what still
 differs is written. The task runs the blocking core (``blocking_writer.py``) in worker
-threads one step at a time, shielded so a cancelled caller cannot tear a write from its
-read-back; as nothing else writes, no lock is needed and a cgroup is written once per
-change, whoever asked. The names callers use from the layers below are re-exported here.
+threads one step at a time (a limiter of one thread); as nothing else writes, no lock is
+needed and a cgroup is written once per change, whoever asked. A step is abandoned when
+the task is cancelled (at shutdown: a hung cgroupfs write must not hold up the daemon's
+stop): the thread still writes and reads back as one step, what it writes is a set the
+owner wanted and writing it again changes nothing, and the limiter keeps the next step
+from starting before it ends. The names callers use from the layers below are re-exported here.
 """
 
 from __future__ import annotations
@@ -139,6 +142,8 @@ class CgroupWriter(BlockingCgroupWriter):
         self._passes = 0
         self._no_pass = trio.Event()
         self._no_pass.set()
+        # One blocking step at a time: an abandoned step holds it until its thread ends.
+        self._one_thread = trio.CapacityLimiter(1)
 
     def inbox(self) -> trio.MemorySendChannel[WriteRequest]:
         """A send end of the writer's inbox (one per sender)."""
@@ -198,7 +203,10 @@ class CgroupWriter(BlockingCgroupWriter):
     ) -> None:
         async with ready:
             with trio.move_on_after(self.create_wait):
-                while not await trio.to_thread.run_sync(self._all_exist, message.intents):
+                # Reads only: cut short by the wait's deadline or a stop, the thread is left.
+                while not await trio.to_thread.run_sync(
+                    self._all_exist, message.intents, abandon_on_cancel=True
+                ):
                     await trio.sleep(self.create_poll)
             await ready.send(message)
 
@@ -224,9 +232,11 @@ class CgroupWriter(BlockingCgroupWriter):
                 self.end_pass()  # the pool pusher began it
 
     async def _blocking(self, step: partial[T]) -> T:
+        """One step of the blocking core in the writer's one worker thread, abandoned if
+        the task is cancelled (module docstring: why that is safe)."""
         if not self.offload:
             return step()
-        return await trio.to_thread.run_sync(step)
+        return await trio.to_thread.run_sync(step, abandon_on_cancel=True, limiter=self._one_thread)
 
     # -- verification ---------------------------------------------------------------------
     async def verify(self, message: VerifyCpusets, view: IntentView) -> list[str]:
@@ -240,21 +250,18 @@ class CgroupWriter(BlockingCgroupWriter):
         failed = {f.intent.container_id: f.why for f in message.failed}
         pending = iter(wanted)
         results: Results = []
-        with trio.CancelScope(shield=True):
+        step = await self._blocking(
+            partial(self.read_differing, pending, chunk=self.chunk, strict=failed)
+        )
+        results += step.errors
+        while step.differing:
+            confirmed = still_wanted(view, step.differing)
+            _log_unwanted(step.differing, confirmed, failed)
             step = await self._blocking(
-                partial(self.read_differing, pending, chunk=self.chunk, strict=failed)
+                partial(self.write_then_read, confirmed, pending, chunk=self.chunk, strict=failed)
             )
+            results += step.written
             results += step.errors
-            while step.differing:
-                confirmed = still_wanted(view, step.differing)
-                _log_unwanted(step.differing, confirmed, failed)
-                step = await self._blocking(
-                    partial(
-                        self.write_then_read, confirmed, pending, chunk=self.chunk, strict=failed
-                    )
-                )
-                results += step.written
-                results += step.errors
         written = account_pass(results, failed, self.tally, self.metrics)
         self.tally.verified += len(wanted)
         if message.since and self.metrics is not None:
@@ -269,10 +276,9 @@ class CgroupWriter(BlockingCgroupWriter):
             strangers = strangers_still_unknown(view, request.strangers)
             results = RepairResults()
             if drifted or sandboxes or strangers:
-                with trio.CancelScope(shield=True):
-                    results = await self._blocking(
-                        partial(self._write_repairs, drifted, sandboxes, strangers)
-                    )
+                results = await self._blocking(
+                    partial(self._write_repairs, drifted, sandboxes, strangers)
+                )
             # A watcher that stopped waiting (cancelled) closed its end: the writes stand.
             with contextlib.suppress(trio.BrokenResourceError):
                 request.reply.send_nowait(results)

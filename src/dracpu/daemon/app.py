@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -30,7 +30,7 @@ from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.config import DriverConfig, config_fingerprint, kubelet_paths, parse_reserved_cpus
 from dracpu.cpuset import CPUSet
-from dracpu.daemon.hotplug import HotplugWatcher
+from dracpu.daemon.hotplug import HotplugWatcher, SysfsSource, report_health
 from dracpu.daemon.recovery import RecoveryPlan
 from dracpu.daemon.views import DaemonView
 from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory, build_slices
@@ -49,6 +49,7 @@ from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
 from dracpu.kubelet.registration import WAITING_REASON, RegistrationError, RegistrationService
 from dracpu.logs import get_logger
+from dracpu.messages import TopologyChanged
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.pusher import PoolPusher
@@ -64,6 +65,7 @@ from dracpu.topology.model import Topology
 __all__ = ["Daemon", "DaemonError"]
 
 log = get_logger("dracpu.daemon")
+T = TypeVar("T")
 
 READY_REGISTRATION = "kubelet-registration"
 READY_NRI = "nri"
@@ -159,11 +161,28 @@ class Daemon:
         reserved = parse_reserved_cpus(self.config)
         inventory = build_inventory(topo, self._device_settings(topo, reserved))
         self.topology, self.inventory = topo, inventory
-        self.state.set_offline(topo.present - topo.online)
-        if self.kubelet is not None:
-            self.kubelet.dra.use_topology(topo, inventory, topo.online)
+        # What prepare plans with and the online CPUs live in the owner.
+        self.state.apply_topology(topo, inventory)
         if self.slices is not None and self.node_uid:
             self.slices.set_desired(self._desired_slices())
+
+    async def _follow_topology(
+        self,
+        changes: trio.MemoryReceiveChannel[TopologyChanged],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Apply each ``TopologyChanged`` the hotplug watcher sends; ends when it stops."""
+        task_status.started()
+        async for change in changes:
+            self.apply_topology(change.topology)
+            self.metrics.hotplug_events.inc()
+            self._report_health()
+
+    def _report_health(self) -> None:
+        assert self.state is not None and self.kubelet is not None
+        published = [d.name for d in self.inventory.devices] if self.inventory else []
+        report_health(self.state.view, published, self.kubelet.health, self.metrics)
 
     def _desired_slices(self) -> list[dict[str, Any]]:
         assert self.inventory is not None
@@ -273,13 +292,18 @@ class Daemon:
         )
         log.info("serving HTTP", bindAddress=cfg.bindAddress, port=self.http_port)
 
+        # Start-up's blocking steps run in worker threads abandoned on cancel, so a SIGTERM
+        # during start-up never waits for a hung sysfs or procfs read. Each may be cut
+        # short: discovery and the hierarchy check only read, and the restore writes whole
+        # files (CDI specs, the checkpoint: atomic renames) and removes orphans, all of it
+        # planned again from the same files by the next start.
         async with trio.open_nursery() as nursery:
             # The resource.k8s.io API module takes ~0.1 s to import and build: beside the
             # topology discovery, not on the path of the first NodePrepareResources (its
             # claim GET) or the first slice.
-            nursery.start_soon(partial(trio.to_thread.run_sync, lambda: self.kube.resource))
-            await trio.to_thread.run_sync(self._build_node)
-        await trio.to_thread.run_sync(self._restore)
+            nursery.start_soon(partial(_in_thread, lambda: self.kube.resource))
+            await _in_thread(self._build_node)
+        await _in_thread(self._restore)
         assert self.state is not None and self.checkpoint is not None
         # Prepares and unprepares wait for the checkpoint writer: it runs before them.
         await sup.start(
@@ -290,15 +314,22 @@ class Daemon:
         )
         self._build_services()
         assert self.kubelet and self.plugin and self.session and self.writer and self.watcher
-        problem = await trio.to_thread.run_sync(self.writer.find_hierarchy)
+        problem = await _in_thread(self.writer.find_hierarchy)
         if problem:
             log.warning(
                 "cpusets cannot be verified or repaired: the cgroupfs writer and the drift "
                 "watcher stay idle until the hierarchy appears",
                 err=problem,
             )
-        self.hotplug = HotplugWatcher(self, interval=self.hotplug_interval)
-        self.hotplug.report_health()  # claims restored with offline CPUs
+        # Bounded: the watcher waits while one change is being applied (it polls anyway).
+        topology_out, topology_in = trio.open_memory_channel[TopologyChanged](1)
+        source = SysfsSource(
+            root=cfg.sysfsRoot, overlay=cfg.sysfsOverlay, expose_pcie_roots=cfg.exposePCIeRoots
+        )
+        self.hotplug = HotplugWatcher(
+            source, self.state.view, topology_out, interval=self.hotplug_interval
+        )
+        self._report_health()  # claims restored with offline CPUs
         assert self.irq is not None
         pusher = PoolPusher(
             self.state.pool_changes(),
@@ -320,6 +351,7 @@ class Daemon:
             # After the restore: its first pass bans what the restored claims ask for and
             # gives back what a crash left banned.
             Service(name="irq", run=partial(self.irq.run, self.state.claim_events())),
+            Service(name="topology", run=partial(self._follow_topology, topology_in)),
             Service(name="claim-status", run=self.claim_status.run),
         ]
         # Kubelet sockets and NRI side by side: neither waits for the other.
@@ -433,6 +465,11 @@ class Daemon:
             ready=self._ready[READY_SLICES],
         )
         await self.slices.run()
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread, abandoned if the caller is cancelled."""
+    return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
 
 
 def claims_of_state(doc: Mapping[str, Any]) -> dict[str, CPUSet]:

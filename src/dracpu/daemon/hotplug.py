@@ -113,7 +113,10 @@ class HotplugWatcher:
             while True:
                 await trio.sleep(self.interval)
                 try:
-                    online = await trio.to_thread.run_sync(read_online, reader)
+                    # sysfs reads: abandoned on cancel, so a stop never waits for them.
+                    online = await trio.to_thread.run_sync(
+                        read_online, reader, abandon_on_cancel=True
+                    )
                 except TopologyError as exc:
                     log.warning("cannot read the online CPUs", err=exc)
                     continue
@@ -128,7 +131,8 @@ class HotplugWatcher:
                     src.root,
                     overlay=src.overlay or None,
                     expose_pcie_roots=src.expose_pcie_roots,
-                )
+                ),
+                abandon_on_cancel=True,  # reads only, like the poll
             )
         except TopologyError as exc:
             log.warning("CPU hotplug: cannot discover the topology again", err=exc)

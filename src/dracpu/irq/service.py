@@ -6,8 +6,12 @@ from the owner's read-only view; its first pass, at start, works from the claims
 checkpoint restored. The banned CPUs are the union of the CPUs of every prepared claim
 that asked (``isolateIRQs`` in its allocation options) or of every prepared claim when the
 node config says so (``isolateIRQs``). Each change is one pass (``plan.plan_pass``) in a
-worker thread, shielded from cancellation so a stop never leaves a record that does not
-match the masks:
+worker thread that a stop does not cut short (``nursery.threads.run_to_completion``: the
+record and the masks go together), but waits for ``STOP_BOUND`` seconds at most, so a hung
+/proc write cannot hold up the daemon's stop. A pass left to its thread then still writes
+the record of originals before any mask (step 2), so the next process's first pass puts
+right what it did not do; passes take one worker thread at a time (a limiter held until
+the thread really ends), so two never overlap:
 
 1. read ``default_smp_affinity`` and every ``<N>/smp_affinity_list``; a file that cannot
    be read or holds what no kernel prints is reported and the pass writes nothing for it
@@ -39,6 +43,7 @@ from dracpu.irq.plan import plan_pass
 from dracpu.irq.procfs import IrqFileError, IrqWriteError, ProcIrq
 from dracpu.irq.record import IrqRecord, IrqRecordError, RecordFile
 from dracpu.logs import get_logger
+from dracpu.nursery.threads import run_to_completion
 
 __all__ = ["IrqIsolation", "PassReport", "banned_cpus"]
 
@@ -105,6 +110,7 @@ class IrqIsolation:
         self.passes = 0
         # Interrupts the kernel refused to move: refused for their whole life.
         self._refused: set[int] = set()
+        self._one_pass = trio.CapacityLimiter(1)
 
     # -- blocking halves (worker thread) ------------------------------------------------
     def load(self) -> None:
@@ -226,7 +232,8 @@ class IrqIsolation:
         """A pass at start, after each change of the prepared claims, every
         ``resync_interval`` while something is banned, and ``retry_interval`` after one
         that failed. The channel ending stops the service."""
-        await trio.to_thread.run_sync(self.load)
+        # A read (a corrupt record is moved aside, whole): abandoned if a stop comes.
+        await trio.to_thread.run_sync(self.load, abandon_on_cancel=True, limiter=self._one_pass)
         # The first pass before ``started``: a restart has put the masks right (given back
         # what no prepared claim bans any more) before the kubelet can call.
         banned = banned_cpus(self.claims(), isolate_all=self.isolate_all)
@@ -254,8 +261,7 @@ class IrqIsolation:
 
     async def _pass(self, banned: CPUSet) -> bool:
         try:
-            with trio.CancelScope(shield=True):
-                report = await trio.to_thread.run_sync(self.apply, banned)
+            report = await run_to_completion(self.apply, banned, limiter=self._one_pass)
         except (IrqFileError, IrqRecordError) as exc:
             self.last_error = str(exc)
             log.error("interrupt affinities not changed", err=exc, banned=banned.format())

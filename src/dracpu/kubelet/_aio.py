@@ -55,7 +55,12 @@ class Serializer:
 
     async def run_blocking(self, fn: Callable[..., T], *args: object, inline: bool = False) -> T:
         """Run a blocking filesystem call in a worker thread (or here, when ``inline``); it
-        always runs to completion."""
+        always runs to completion, cancelled or not: never abandoned. These are the CDI spec
+        and metadata writes of a prepare or an unprepare, and one finishing after its call
+        gave up would leave a spec the state does not know of (a start without a readable
+        checkpoint trusts the specs, and would take it for a prepared claim). A write that
+        hangs holds its call; a stop then waits for it up to the supervisor's grace period,
+        after which the process exits."""
         if inline:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._threads)

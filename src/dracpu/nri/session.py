@@ -376,7 +376,11 @@ class NRISession:
             return PluginHandlers.MORE, False
         cdi_claims: Mapping[str, CPUSet] = {}
         if self._cdi_dir and self._plugin.needs_cdi_specs(pending.containers):
-            cdi_claims = await trio.to_thread.run_sync(_read_cdi_claims, self._cdi_dir)
+            # Reads only: abandoned when the session is cancelled (shutdown), so a hung
+            # filesystem cannot hold up the daemon's stop.
+            cdi_claims = await trio.to_thread.run_sync(
+                _read_cdi_claims, self._cdi_dir, abandon_on_cancel=True
+            )
         return self._handlers.finish_sync(pending, cdi_claims), True
 
     # -- unsolicited updates -----------------------------------------------------------------

@@ -2,9 +2,17 @@
 
 The writer reads ``ClaimsChanged`` from the state owner. It takes every message waiting in
 its inbox, writes one checkpoint of the claims as they are at that instant (temp file,
-fsync, rename, directory fsync, in a worker thread, shielded so a cancellation cannot tear
-it) and answers each message that asked with a ``CheckpointWritten``: concurrent changes
-share one fsync. ``restore`` is the start-up half (behavior.md §18, ``daemon/recovery.py``).
+fsync, rename, directory fsync, in a worker thread) and answers each message that asked
+with a ``CheckpointWritten``: concurrent changes share one fsync. ``restore`` is the
+start-up half (behavior.md §18, ``daemon/recovery.py``).
+
+A write must complete: prepares and unprepares answer the kubelet only once it is on
+disk, and the waiters of a write that was started are told how it went. So a cancellation
+(a stop) does not cut it short, but waits for it ``nursery.threads.STOP_BOUND`` seconds
+at most (``run_to_completion``): a hung disk cannot keep the daemon from stopping within
+its grace period. A write left to its thread then lands whole or not at all (a rename),
+and writes take one worker thread at a time (a limiter of one, held until the thread
+really ends), so no later checkpoint can be overtaken by an older one.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dracpu.atomicfile import atomic_write
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.recovery import RecoveryPlan, plan_recovery
 from dracpu.messages import CheckpointWritten, ClaimsChanged
+from dracpu.nursery.threads import STOP_BOUND, run_to_completion
 from dracpu.state.owner import NodeState
 from dracpu.state.steps import StateFileError
 
@@ -58,9 +67,15 @@ class CheckpointFile:
         boot_id: str,
         config_fingerprint: str,
         write_file: Callable[..., None] = atomic_write,
+        stop_bound: float = STOP_BOUND,
     ) -> None:
-        """``write_file(path, data, dir_mode=...)`` writes atomically (tests wrap it)."""
+        """``write_file(path, data, dir_mode=...)`` writes atomically (tests wrap it);
+        ``stop_bound``: how long a stop waits for a write in progress."""
+        if not stop_bound >= 0:
+            raise ValueError(f"checkpoint stop bound must be >= 0 seconds, got {stop_bound}")
         self.state = state
+        self.stop_bound = stop_bound
+        self._one_write = trio.CapacityLimiter(1)
         self._write_file = write_file
         self.state_dir = state_dir
         self.boot_id = boot_id
@@ -139,8 +154,9 @@ class CheckpointFile:
     async def _write_batch(self) -> str:
         snapshot = self.checkpoint()
         try:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.write, snapshot)
+            await run_to_completion(
+                self.write, snapshot, limiter=self._one_write, bound=self.stop_bound
+            )
         except StateFileError as exc:
             log.error("%s", exc)
             return str(exc)
