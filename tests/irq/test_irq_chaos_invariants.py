@@ -8,7 +8,7 @@ from pathlib import Path
 from dracpu.cpuset import CPUSet
 from dracpu.irq.procfs import ProcIrq
 from dracpu_sim.chaos.invariants import Observation, check_invariants
-from dracpu_sim.chaos.procfs import make_fake_procfs
+from dracpu_sim.procfs import make_fake_procfs
 
 C = CPUSet.parse
 ORIGINALS = {0: C("0"), 8: C("0-7"), 16: C("0-3")}

@@ -55,7 +55,8 @@ def hex80(cpus: CPUSet) -> str:
 
 
 async def test_masks_follow_the_claim_across_a_kill9(short_tmp: str) -> None:
-    proc = make_proc(Path(short_tmp), DEFAULT, ORIGINAL)
+    # Its own tree, given after the simulated node's (the last --proc-root wins).
+    proc = make_proc(Path(short_tmp, "irqtest"), DEFAULT, ORIGINAL)
     (proc / "sys" / "kernel" / "random").mkdir(parents=True)
     (proc / "sys" / "kernel" / "random" / "boot_id").write_text("boot-a\n")
     node = SimNode(workdir=short_tmp, node_cpus="0-79", node_mems="0-1")

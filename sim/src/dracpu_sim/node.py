@@ -35,11 +35,13 @@ from typing import Any
 
 import trio
 
+from dracpu.cpuset import CPUSet
 from dracpu.k8s.client import K8sError, KubeClient
 from dracpu_sim.apiserver import SimAPIServer
 from dracpu_sim.kubelet import SimKubelet
 from dracpu_sim.kubelet.pods import Backoff
 from dracpu_sim.kubelet.runtime import PodRuntimeAdapter
+from dracpu_sim.procfs import FakeIrqs, make_fake_procfs
 from dracpu_sim.runtime.layout import check_cgroup_flavor
 from dracpu_sim.runtime.simulator import RuntimeSimulator
 from dracpu_sim.scheduler.shell import Scheduler
@@ -135,6 +137,9 @@ class SimNode:
     # The runtime's cgroup hierarchy (1 or 2) and the kubelet's cgroup driver.
     cgroup_version: int = 1
     cgroup_driver: str = "cgroupfs"
+    # The daemon's procfs (--proc-root), written by ``run``: its interrupts are the ones
+    # claims with isolateIRQs move, never the host's.
+    irqs: FakeIrqs | None = None
     # What the last start_daemon/launch_daemon was given, for restart_daemon.
     _daemon_launch: tuple[str, tuple[str, ...]] | None = field(default=None, repr=False)
 
@@ -168,10 +173,15 @@ class SimNode:
     def state_dir(self) -> str:
         return self.path("state")
 
+    @property
+    def proc_root(self) -> str:
+        return self.path("proc")
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the API server, runtime, kubelet and scheduler; serve until cancelled."""
         for sub in ("kubelet", "cdi", "state"):
             os.makedirs(self.path(sub), exist_ok=True)
+        self.irqs = make_fake_procfs(self.workdir, CPUSet.parse(self.node_cpus))
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.api.serve)
@@ -225,6 +235,7 @@ class SimNode:
             f"--cdi-dir={self.cdi_dir}",
             f"--cgroup-root={self.cgroup_root}",
             f"--state-dir={self.state_dir}",
+            f"--proc-root={self.proc_root}",
             f"--sysfs-root={sysfs_root}",
             f"--bind-address=127.0.0.1:{http_port}",
             f"--debug-address=127.0.0.1:{debug_port}",

@@ -21,8 +21,8 @@ from dracpu.irq.procfs import IrqFileError, ProcIrq
 from dracpu.topology.discover import discover_from_root
 from dracpu_sim.chaos.invariants import ContainerView, Observation, PodView, SandboxView
 from dracpu_sim.chaos.plan import NAMESPACE
-from dracpu_sim.chaos.procfs import FakeIrqs
 from dracpu_sim.node import SimNode
+from dracpu_sim.procfs import FakeIrqs
 
 __all__ = ["desired_slices", "observe_node", "pod_views"]
 

@@ -34,7 +34,6 @@ from dracpu_sim.chaos.plan import (
     make_plan,
     pod_object,
 )
-from dracpu_sim.chaos.procfs import FakeIrqs, make_fake_procfs
 from dracpu_sim.kubelet.pods import Backoff
 from dracpu_sim.node import SimNode, SimNodeError
 
@@ -144,8 +143,6 @@ class ChaosRun:
         self.reserved = CPUSet.parse(opts.reserved_cpus)
         self.desired: list[dict[str, Any]] = []
         self._gc_claims: list[str] = []  # claims whose pods were deleted
-        # The daemon's procfs: interrupts to keep off the claims that ask (isolateIRQs).
-        self.irqs: FakeIrqs = make_fake_procfs(node.workdir, self.online)
 
     def say(self, text: str) -> None:
         if self.opts.verbose:
@@ -157,7 +154,6 @@ class ChaosRun:
             f"--cpu-device-mode={self.opts.mode}",
             "--group-by=numanode",
             f"--reserved-cpus={self.opts.reserved_cpus}",
-            f"--proc-root={self.irqs.proc_root}",
         ]
 
     # -- workload ------------------------------------------------------------------------
@@ -269,7 +265,8 @@ class ChaosRun:
             online=self.online,
             reserved=self.reserved,
             desired=self.desired,
-            irqs=self.irqs,
+            # The node's fake procfs: interrupts kept off the claims that ask (isolateIRQs).
+            irqs=self.node.irqs,
         )
 
     async def _drift_baseline(self) -> tuple[int, int]:

@@ -1,10 +1,11 @@
-"""The fake procfs the chaos run gives the daemon (``--proc-root``): the host's boot id and
-a few interrupts under ``irq/``, so the interrupt service runs for real while claims with
-``isolateIRQs`` come and go, and the invariants can compare every mask with its original.
+"""The fake procfs the simulated node gives the daemon (``--proc-root``): the host's boot id
+and a few interrupts under ``irq/``. The interrupt service runs for real on it while claims
+with ``isolateIRQs`` come and go, the chaos invariants compare every mask with its
+original, and a demo never touches the host's ``/proc/irq``.
 
 Every interrupt's original holds the node's first CPU, which the chaos run reserves, so no
-ban can leave one without a CPU: each mask must be exactly its original minus the CPUs of
-the prepared claims that asked.
+ban can leave one without a CPU there: each mask must be exactly its original minus the
+CPUs of the prepared claims that asked.
 """
 
 from __future__ import annotations
