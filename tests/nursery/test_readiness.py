@@ -69,6 +69,29 @@ async def test_wait_until_looks_only_after_fires(autojump_clock: trio.testing.Mo
     assert trio.current_time() == 5.0
 
 
+async def test_wait_past_keeps_a_fire_that_came_while_busy(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    pulse = Pulse()
+    noted = pulse.fired
+    pulse.fire()  # while the waiter was busy elsewhere (a check, a flush)
+    await pulse.wait_past(noted)  # not lost: returns at once
+    assert trio.current_time() == 0
+    noted = pulse.fired
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        await pulse.wait_past(noted)
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(4)
+        assert woke == []
+        pulse.fire()
+    assert woke == [4.0]
+
+
 # -- Readiness ---------------------------------------------------------------------------------
 
 

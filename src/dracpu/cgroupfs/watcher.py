@@ -42,6 +42,7 @@ from dracpu.cgroupfs.writer import CgroupWriteError, CgroupWriter, DriftRepair, 
 from dracpu.cpuset import CPUSet, CPUSetParseError
 from dracpu.messages import ContainerIntent
 from dracpu.metrics import DriverMetrics
+from dracpu.nursery.pulse import Pulse
 
 __all__ = ["DriftWatcher", "WatcherState"]
 
@@ -168,7 +169,9 @@ class DriftWatcher:
         self.checks = 0
         self._scanned_dirs: list[str] = []
         self._hierarchy_missing = False
-        self._wakeup = trio.Event()
+        # Pokes (and inotify events) are counted fires; the loop waits past the last it saw.
+        self._wakeup = Pulse()
+        self._wakeups_seen = 0
         self._checking = False
         self._held_events: list[InotifyEvent] = []
         self._inotify_active = False
@@ -386,7 +389,7 @@ class DriftWatcher:
     # -- Trio side ----------------------------------------------------------------------
     def poke(self) -> None:
         """Ask for a check now (the NRI session went down, the shared pool changed...)."""
-        self._wakeup.set()
+        self._wakeup.fire()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check now, then every ``interval`` seconds or sooner when poked."""
@@ -406,8 +409,8 @@ class DriftWatcher:
                     finally:
                         self._checking = False
                     with trio.move_on_after(self.interval) as timer:
-                        await self._wakeup.wait()
-                    self._wakeup = trio.Event()
+                        await self._wakeup.wait_past(self._wakeups_seen)
+                    self._wakeups_seen = self._wakeup.fired
                     if not timer.cancelled_caught and self.settle > 0:
                         # Let a burst (mkdir, cpus, mems from one runc) land before looking.
                         await trio.sleep(self.settle)

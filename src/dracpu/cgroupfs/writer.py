@@ -51,6 +51,7 @@ from dracpu.cgroupfs.plan import (
 from dracpu.cgroupfs.verify import PassTally, account_pass
 from dracpu.messages import ContainerIntent, VerifyCpusets
 from dracpu.metrics import DriverMetrics
+from dracpu.nursery.pulse import Pulse
 
 __all__ = [
     "CgroupIntentError",
@@ -140,8 +141,7 @@ class CgroupWriter(BlockingCgroupWriter):
         self._inbox_send, self._inbox = trio.open_memory_channel[WriteRequest](math.inf)
         self.tally = PassTally()
         self._passes = 0
-        self._no_pass = trio.Event()
-        self._no_pass.set()
+        self._pass_ended = Pulse()
         # One blocking step at a time: an abandoned step holds it until its thread ends.
         self._one_thread = trio.CapacityLimiter(1)
 
@@ -151,8 +151,6 @@ class CgroupWriter(BlockingCgroupWriter):
 
     # -- a pool change's pass on its way ------------------------------------------------
     def begin_pass(self) -> None:
-        if self._passes == 0:
-            self._no_pass = trio.Event()
         self._passes += 1
 
     def end_pass(self) -> None:
@@ -161,14 +159,14 @@ class CgroupWriter(BlockingCgroupWriter):
             return
         self._passes -= 1
         if self._passes == 0:
-            self._no_pass.set()
+            self._pass_ended.fire()
 
     @property
     def pass_in_flight(self) -> bool:
         return self._passes > 0
 
     async def wait_no_pass(self) -> None:
-        await self._no_pass.wait()
+        await self._pass_ended.wait_until(lambda: self._passes == 0)
 
     # -- the task -------------------------------------------------------------------------
     async def run(

@@ -35,6 +35,7 @@ from dracpu.grpc.errors import RPCError, ServerError
 from dracpu.grpc.events import ConnectionClosed, Metadata, RequestReceived, StreamAborted
 from dracpu.grpc.limits import STEP_BUDGET
 from dracpu.heap import RECLAIMER, Reclaimer
+from dracpu.nursery.pulse import Pulse
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class _Connection:
         self._services = services
         self._grace_period = grace_period
         self._send_lock = trio.Lock()
-        self._window_changed = trio.Event()
+        self._window_changed = Pulse()
         self._idle = trio.Event()
         self._handler_scopes: dict[int, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
@@ -173,10 +174,10 @@ class _Connection:
     async def drain(self, stream_id: int) -> None:
         """Wait until the stream's queued reply bytes are inside the flow-control window."""
         while self.core.outbound_pending(stream_id):
-            changed = self._window_changed
+            noted = self._window_changed.fired  # a window update during the flush counts
             await self.flush()
             if self.core.outbound_pending(stream_id):
-                await changed.wait()
+                await self._window_changed.wait_past(noted)
 
     def _abort(self) -> None:
         self.core.closed = True
@@ -232,8 +233,7 @@ class _Connection:
                 await trio.lowlevel.checkpoint()
                 self._step(b"")
             # Window updates may unblock senders; SETTINGS/PING acks must leave (1.1).
-            self._window_changed.set()
-            self._window_changed = trio.Event()
+            self._window_changed.fire()
             await self.flush()
             self._check_idle()
 

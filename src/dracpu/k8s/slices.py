@@ -156,7 +156,8 @@ class SliceReconciler:
             report=self,
         )
         self._resyncs_refused = 0  # consecutive resyncs that found the watch refused
-        self._wake = trio.Event()
+        # A wake-up is a reason added; the loop waits until there is one.
+        self._wake = Pulse()
         self._wake_reasons: set[str] = set()
         self._syncs_started = 0
         self._syncs_done = 0
@@ -251,14 +252,13 @@ class SliceReconciler:
 
     def _wake_up(self, reason: str) -> None:
         self._wake_reasons.add(reason)
-        self._wake.set()
+        self._wake.fire()
 
     async def _resync_loop(self) -> None:
         while True:
             with trio.move_on_after(self.resync_interval):
-                await self._wake.wait()
+                await self._wake.wait_until(lambda: bool(self._wake_reasons))
             reasons, self._wake_reasons = self._wake_reasons, set()
-            self._wake = trio.Event()
             external = self._cache.take_external()
             if reasons == {"watch"} and not external:
                 continue

@@ -11,6 +11,12 @@ always a loop over the condition it cares about::
 
 (``wait_until`` is that loop.) Nothing is polled: a waiter sleeps until a change is
 announced, and no change goes unannounced as long as every writer of the condition fires.
+
+A waiter that must not miss a fire that happens while it is busy elsewhere (a wake-up
+asked for during a check, a window update during a flush) notes ``fired`` first and then
+waits with ``wait_past(noted)``, which returns at once if a fire came in between: the
+same pulse serves the "wake me up" requests that used to be an event set early and
+replaced after the wait.
 """
 
 from __future__ import annotations
@@ -47,4 +53,10 @@ class Pulse:
         """Return once ``condition()`` holds (at once when it already does), looking again
         after each ``fire()`` only."""
         while not condition():
+            await self._event.wait()
+
+    async def wait_past(self, noted: int) -> None:
+        """Return once there was a ``fire()`` after ``fired`` was ``noted`` (at once if
+        there already was)."""
+        if self.fired == noted:
             await self._event.wait()
