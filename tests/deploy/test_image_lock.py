@@ -53,9 +53,7 @@ def test_lock_covers_the_daemon_and_leaves_out_the_simulator() -> None:
         assert req.specifier.contains(pins[name][0]), f"{name}=={pins[name][0]} breaks {req}"
     # The simulator's own dependencies, from its distribution (sim/pyproject.toml).
     sim_project = tomllib.loads((REPO / "sim" / "pyproject.toml").read_text())["project"]
-    sim = {canonicalize_name(Requirement(s).name) for s in sim_project["dependencies"]} - {
-        "dracpu"
-    }
+    sim = {canonicalize_name(Requirement(s).name) for s in sim_project["dependencies"]} - {"dracpu"}
     assert sim == SIM_ONLY
     assert "sim" not in project.get("optional-dependencies", {})  # type: ignore[attr-defined]
     assert not sim & set(pins), "the simulator's dependencies are in the image lock"
