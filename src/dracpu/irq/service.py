@@ -38,6 +38,7 @@ import trio
 
 from dracpu.allocation.store import ClaimRecord
 from dracpu.cpuset import CPUSet
+from dracpu.irq.masks import HexMask
 from dracpu.irq.metrics import IrqMetrics
 from dracpu.irq.plan import plan_pass
 from dracpu.irq.procfs import IrqFileError, IrqWriteError, ProcIrq
@@ -57,6 +58,15 @@ def banned_cpus(claims: Iterable[ClaimRecord], *, isolate_all: bool) -> CPUSet:
         if isolate_all or any(o.isolate_irqs for o in claim.options.values()):
             mask |= claim.cpus.mask
     return CPUSet.from_mask(mask)
+
+
+def _remembers_more(
+    originals: dict[int, CPUSet], default: HexMask | None, record: IrqRecord
+) -> bool:
+    """Whether a pass knows an original the record on disk does not hold."""
+    if default is not None and record.default_original != default:
+        return True
+    return any(record.originals.get(irq) != cpus for irq, cpus in originals.items())
 
 
 @dataclass(slots=True)
@@ -150,7 +160,11 @@ class IrqIsolation:
         for irq in report.errors:  # unreadable now: what was remembered stays remembered
             if irq in record.originals:
                 originals[irq] = record.originals[irq]
-        self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
+        if _remembers_more(originals, plan.default_original, record):
+            # Every original a write may overwrite is on disk before the first write. (A
+            # pass that only gives back or widens the ban from known originals saves once,
+            # after its writes: a crash before then recomputes from the same originals.)
+            self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
         if plan.default_would_empty:
             report.default_problem = "every CPU of the default affinity is banned: left as is"
         if plan.default_write is not None:
@@ -189,20 +203,15 @@ class IrqIsolation:
             # Given back: forget them, except what could not be read or written back.
             keep = restore_failed | set(report.errors)
             default_kept = plan.default_original if report.default_problem else None
-            self._save(
-                IrqRecord(
-                    self.boot_id,
-                    CPUSet(),
-                    default_kept,
-                    {i: c for i, c in originals.items() if i in keep},
-                )
-            )
-        elif originals != plan.originals:
+            originals = {i: c for i, c in originals.items() if i in keep}
+            self._save(IrqRecord(self.boot_id, CPUSet(), default_kept, originals))
+        else:
             self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
         self._show(report)
         return report
 
     def _save(self, record: IrqRecord) -> None:
+        """Write the record when it changed (atomically; IrqRecordError on failure)."""
         if record != self.record:
             self.record_file.save(record)
             self.record = record
