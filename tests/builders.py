@@ -12,6 +12,9 @@ want; keywords change one field at a time.
   :func:`quirk_19_1` (no sysfs), :func:`machine` (a checked-in ``fake_sysfs`` tree)
 - claims as the driver sees them: :func:`result` (``AllocationResult``), :func:`claim`
   (``ClaimAllocation``)
+- prepare: :class:`DeviceNames` (the published names prepare resolves), :func:`allocation_store`,
+  :func:`plan` and :func:`prepare_error` (``plan_claim``'s plan or error text), :func:`commit`
+  (the state owner's reserve and commit of a plan), :func:`prepared_device`
 - claims as API objects: :func:`claim_request`, :func:`resource_claim`,
   :func:`device_result`, :func:`allocation`, :func:`device_class`
 - pods: :func:`nri_pod`, :func:`nri_container` (NRI protobufs), :func:`pod` (a v1 Pod)
@@ -27,7 +30,7 @@ import http.client
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,19 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 import trio
 
+from dracpu.allocation import prepare as allocation_prepare
 from dracpu.allocation.opaque import DeviceConfig
-from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+from dracpu.allocation.prepare import (
+    AllocationResult,
+    ClaimAllocation,
+    ClaimPlan,
+    PrepareError,
+    plan_claim,
+)
+from dracpu.allocation.store import AllocationStore, PreparedDevice
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.connection import GRPCServerConnection
 from dracpu.grpc.events import Event
@@ -231,6 +243,82 @@ def claim(
         allocated=allocated,
         results=results,
         configs=tuple(configs),
+    )
+
+
+# -- prepare ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceNames:
+    """The published device names prepare resolves (``allocation.prepare.DeviceNames``):
+    ``cpu_of_device`` in individual mode, ``group_of_device`` in grouped numanode or
+    socket mode, neither in machine mode."""
+
+    mode: str = "grouped"
+    group_by: str = "numanode"
+    cpu_of_device: Mapping[str, int] = field(default_factory=dict)
+    group_of_device: Mapping[str, int] = field(default_factory=dict)
+
+
+def allocation_store(topo: Topology, reserved: str = "") -> AllocationStore:
+    """A store of every CPU of ``topo``; ``reserved`` (a cpuset) is the pool's floor."""
+    floor = CPUSet.parse(reserved)
+    return AllocationStore(topo.all_cpus - floor, floor)
+
+
+def plan(
+    c: ClaimAllocation,
+    names: allocation_prepare.DeviceNames,
+    store: AllocationStore,
+    topo: Topology,
+    *,
+    online: CPUSet | None = None,
+) -> ClaimPlan:
+    """``plan_claim`` of ``c``; ``online`` defaults to the topology's online CPUs."""
+    return plan_claim(
+        c,
+        inventory=names,
+        topology=topo,
+        store=store,
+        online=topo.online if online is None else online,
+    )
+
+
+def prepare_error(
+    c: ClaimAllocation,
+    names: allocation_prepare.DeviceNames,
+    store: AllocationStore,
+    topo: Topology,
+    *,
+    online: CPUSet | None = None,
+) -> str:
+    """The ``PrepareError`` text of planning ``c`` (fails the test if it plans)."""
+    with pytest.raises(PrepareError) as info:
+        plan(c, names, store, topo, online=online)
+    return str(info.value)
+
+
+def commit(store: AllocationStore, p: ClaimPlan) -> bool:
+    """A prepare whose files reached the disk: the state owner reserves, then commits.
+    True when the claim was new."""
+    from dracpu.state import NodeState  # the owner is only needed by prepare tests
+
+    state = NodeState(store)
+    new = state.begin_prepare(p)
+    state.finish_prepare(p)
+    return new
+
+
+def prepared_device(
+    device: str, request: str = "cpus", allocated: int | None = None, *, pool: str = NODE
+) -> PreparedDevice:
+    """A device of a prepared claim, for ``request`` (none when empty)."""
+    return PreparedDevice(
+        pool_name=pool,
+        device_name=device,
+        request_names=(request,) if request else (),
+        allocated_num_cpus=allocated,
     )
 
 

@@ -4,27 +4,29 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import pytest
+from builders import (
+    DeviceNames,
+    allocation_store,
+    claim,
+    commit,
+    cs,
+    grid,
+    plan,
+    prepare_error,
+    prepared_device,
+    result,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from topo_builders import grid
 
 from dracpu.allocation.opaque import DeviceConfig
 from dracpu.allocation.options import AllocationOptions
-from dracpu.allocation.prepare import (
-    AllocationResult,
-    ClaimAllocation,
-    ClaimPlan,
-    PrepareError,
-    plan_claim,
-)
-from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
+from dracpu.allocation.prepare import PrepareError
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
 from dracpu.state import NodeState
-from dracpu.topology.model import Topology
 
 # 8 CPUs, 2 sockets = 2 NUMA nodes = 2 L3s; siblings (0,4),(1,5) on socket 0, (2,6),(3,7) on 1.
 TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2)
@@ -32,95 +34,32 @@ TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2)
 TOPO_1S = grid(1, 2, 2, threads=2, cores_per_l3=2)
 # §6.2 naming of TOPO: siblings get consecutive names.
 INDIVIDUAL = {f"cpudev{i:03d}": cpu for i, cpu in enumerate([0, 4, 1, 5, 2, 6, 3, 7])}
-
-
-@dataclass(frozen=True)
-class Names:
-    mode: str
-    group_by: str = "numanode"
-    cpu_of_device: Mapping[str, int] = field(default_factory=dict)
-    group_of_device: Mapping[str, int] = field(default_factory=dict)
-
-
-IND = Names("individual", cpu_of_device=INDIVIDUAL)
-NUMA = Names("grouped", "numanode", group_of_device={"cpudevnuma000": 0, "cpudevnuma001": 1})
-SOCKET = Names("grouped", "socket", group_of_device={"cpudevsocket000": 0})
-
-
-def cs(text: str) -> CPUSet:
-    return CPUSet.parse(text)
-
-
-def res(
-    device: str, capacity: str | None = None, *, request: str = "cpus", driver: str = "dra.cpu"
-) -> AllocationResult:
-    return AllocationResult(
-        request=request,
-        driver=driver,
-        pool="node-a",
-        device=device,
-        consumed_capacity={} if capacity is None else {"dra.cpu/cpu": capacity},
-        share_id="",
-    )
-
-
-def claim(
-    *results: AllocationResult,
-    configs: tuple[DeviceConfig, ...] = (),
-    uid: str = "u1",
-    allocated: bool = True,
-) -> ClaimAllocation:
-    return ClaimAllocation(
-        uid=uid, namespace="ns", name="c", allocated=allocated, results=results, configs=configs
-    )
-
-
-def store(reserved: str = "", topo: Topology = TOPO) -> AllocationStore:
-    return AllocationStore(topo.all_cpus - cs(reserved), cs(reserved))
-
-
-def plan(c: ClaimAllocation, names: Names, st: AllocationStore, topo: Topology = TOPO) -> ClaimPlan:
-    return plan_claim(c, inventory=names, topology=topo, store=st, online=topo.online)
-
-
-def err(c: ClaimAllocation, names: Names, st: AllocationStore, topo: Topology = TOPO) -> str:
-    with pytest.raises(PrepareError) as info:
-        plan(c, names, st, topo)
-    return str(info.value)
-
-
-def commit(st: AllocationStore, p: ClaimPlan) -> bool:
-    """A prepare whose files reached the disk: the state owner reserves, then commits."""
-    state = NodeState(st)
-    new = state.begin_prepare(p)
-    state.finish_prepare(p)
-    return new
-
-
-def dev(device: str, request: str = "cpus", allocated: int | None = None) -> PreparedDevice:
-    return PreparedDevice(
-        pool_name="node-a",
-        device_name=device,
-        request_names=(request,) if request else (),
-        allocated_num_cpus=allocated,
-    )
+IND = DeviceNames("individual", cpu_of_device=INDIVIDUAL)
+NUMA = DeviceNames("grouped", "numanode", group_of_device={"cpudevnuma000": 0, "cpudevnuma001": 1})
+SOCKET = DeviceNames("grouped", "socket", group_of_device={"cpudevsocket000": 0})
 
 
 # -- individual mode (§8.1) ------------------------------------------------------------------
 
 
 def test_individual_no_allocation() -> None:
-    assert err(claim(allocated=False), IND, store()) == "claim ns/c has no allocation"
+    assert (
+        prepare_error(claim("u1", allocated=False), IND, allocation_store(TOPO), TOPO)
+        == "claim default/claim-u1 has no allocation"
+    )
 
 
 def test_individual_unknown_device() -> None:
-    c = claim(res("cpudev000"), res("cpudev999"))
-    assert err(c, IND, store()) == 'device "cpudev999" not found in device to CPU ID map'
+    c = claim("u1", result("cpudev000"), result("cpudev999"))
+    assert (
+        prepare_error(c, IND, allocation_store(TOPO), TOPO)
+        == 'device "cpudev999" not found in device to CPU ID map'
+    )
 
 
 def test_individual_results_of_other_drivers_are_ignored() -> None:
-    st = store()
-    p = plan(claim(res("gpu0", driver="gpu.example.com")), IND, st)
+    st = allocation_store(TOPO)
+    p = plan(claim("u1", result("gpu0", driver="gpu.example.com")), IND, st, TOPO)
     assert p.is_empty
     assert p.cpus == CPUSet()
     assert p.devices == ()
@@ -129,19 +68,21 @@ def test_individual_results_of_other_drivers_are_ignored() -> None:
 
 
 def test_individual_prepare_commit_and_reprepare() -> None:
-    st = store()
-    c = claim(res("cpudev000"), res("cpudev001", request=""), res("gpu0", driver="x"))
-    p = plan(c, IND, st)
+    st = allocation_store(TOPO)
+    c = claim(
+        "u1", result("cpudev000"), result("cpudev001", request=""), result("gpu0", driver="x")
+    )
+    p = plan(c, IND, st, TOPO)
     assert p.cpus == cs("0,4")
     assert p.claim_uid == "u1"
-    assert p.devices == (dev("cpudev000"), dev("cpudev001", request=""))
+    assert p.devices == (prepared_device("cpudev000"), prepared_device("cpudev001", request=""))
     assert p.already_prepared is False
     assert p.record == ClaimRecord(
-        uid="u1", namespace="ns", name="c", cpus=cs("0,4"), devices=p.devices
+        uid="u1", namespace="default", name="claim-u1", cpus=cs("0,4"), devices=p.devices
     )
     assert commit(st, p) is True
     assert st.shared_pool == cs("1-3,5-7")
-    again = plan(c, IND, st)
+    again = plan(c, IND, st, TOPO)
     assert again.already_prepared is True
     assert again.cpus == cs("0,4")
     assert again.devices == p.devices
@@ -150,30 +91,41 @@ def test_individual_prepare_commit_and_reprepare() -> None:
 
 
 def test_individual_already_prepared_with_different_cpus() -> None:
-    st = store()
-    commit(st, plan(claim(res("cpudev000"), res("cpudev001")), IND, st))
-    assert err(claim(res("cpudev000"), res("cpudev002")), IND, st) == (
-        "claim ns/c is already prepared with different CPUs 0,4 (requested 0-1)"
+    st = allocation_store(TOPO)
+    commit(st, plan(claim("u1", result("cpudev000"), result("cpudev001")), IND, st, TOPO))
+    assert prepare_error(claim("u1", result("cpudev000"), result("cpudev002")), IND, st, TOPO) == (
+        "claim default/claim-u1 is already prepared with different CPUs 0,4 (requested 0-1)"
     )
 
 
 def test_individual_overlap_with_other_claims() -> None:
-    st = store()
-    commit(st, plan(claim(res("cpudev002"), uid="other"), IND, st))
-    c = claim(res("cpudev000"), res("cpudev002"))
-    assert err(c, IND, st) == "claim ns/c has overlapping device assignment with other claims"
+    st = allocation_store(TOPO)
+    commit(st, plan(claim("other", result("cpudev002")), IND, st, TOPO))
+    c = claim("u1", result("cpudev000"), result("cpudev002"))
+    assert (
+        prepare_error(c, IND, st, TOPO)
+        == "claim default/claim-u1 has overlapping device assignment with other claims"
+    )
 
 
 def test_individual_capacity_is_not_checked_but_reported_for_metadata() -> None:
-    p = plan(claim(res("cpudev000", "1"), res("cpudev001", "bogus")), IND, store())
-    assert p.devices == (dev("cpudev000", allocated=1), dev("cpudev001"))
+    p = plan(
+        claim("u1", result("cpudev000", "1"), result("cpudev001", "bogus")),
+        IND,
+        allocation_store(TOPO),
+        TOPO,
+    )
+    assert p.devices == (prepared_device("cpudev000", allocated=1), prepared_device("cpudev001"))
 
 
 # -- grouped numanode / socket (§8.2) ----------------------------------------------------------
 
 
 def test_grouped_no_allocation() -> None:
-    assert err(claim(allocated=False), NUMA, store()) == "claim ns/c has no allocation"
+    assert (
+        prepare_error(claim("u1", allocated=False), NUMA, allocation_store(TOPO), TOPO)
+        == "claim default/claim-u1 has no allocation"
+    )
 
 
 @pytest.mark.parametrize(
@@ -195,83 +147,85 @@ def test_grouped_no_allocation() -> None:
     ],
 )
 def test_grouped_capacity_errors(capacity: str | None, message: str) -> None:
-    st = store()
-    assert err(claim(res("cpudevnuma000", capacity)), NUMA, st) == message
+    st = allocation_store(TOPO)
+    assert prepare_error(claim("u1", result("cpudevnuma000", capacity)), NUMA, st, TOPO) == message
     assert len(st) == 0
 
 
 @pytest.mark.parametrize("capacity", ["2", "02", "2000m", "2e0", "+2", "0.002k"])
 def test_grouped_capacity_spellings_agree(capacity: str) -> None:
     # Plain digits take a short path past the quantity parser: same answer either way.
-    p = plan(claim(res("cpudevnuma001", capacity)), NUMA, store())
+    p = plan(claim("u1", result("cpudevnuma001", capacity)), NUMA, allocation_store(TOPO), TOPO)
     assert p.cpus == cs("2,6")
-    assert p.devices == (dev("cpudevnuma001", allocated=2),)
+    assert p.devices == (prepared_device("cpudevnuma001", allocated=2),)
 
 
 def test_grouped_capacity_in_milli_units() -> None:
-    p = plan(claim(res("cpudevnuma001", "2000m")), NUMA, store())
+    p = plan(claim("u1", result("cpudevnuma001", "2000m")), NUMA, allocation_store(TOPO), TOPO)
     assert p.cpus == cs("2,6")
-    assert p.devices == (dev("cpudevnuma001", allocated=2),)
+    assert p.devices == (prepared_device("cpudevnuma001", allocated=2),)
 
 
 def test_grouped_unknown_group_device() -> None:
-    assert err(claim(res("cpudevsocket000", "1")), NUMA, store()) == (
-        "no valid NUMA node ID found for device cpudevsocket000"
-    )
-    assert err(claim(res("cpudevnuma000", "1")), SOCKET, store(topo=TOPO_1S), TOPO_1S) == (
-        "no valid socket ID found for device cpudevnuma000"
-    )
+    assert prepare_error(
+        claim("u1", result("cpudevsocket000", "1")), NUMA, allocation_store(TOPO), TOPO
+    ) == ("no valid NUMA node ID found for device cpudevsocket000")
+    assert prepare_error(
+        claim("u1", result("cpudevnuma000", "1")), SOCKET, allocation_store(TOPO_1S), TOPO_1S
+    ) == ("no valid socket ID found for device cpudevnuma000")
 
 
 def test_grouped_capacity_is_checked_before_the_group() -> None:
-    assert err(claim(res("nope", "0")), NUMA, store()) == (
+    assert prepare_error(claim("u1", result("nope", "0")), NUMA, allocation_store(TOPO), TOPO) == (
         'CPU capacity for device "nope" must be positive, got 0'
     )
 
 
 def test_grouped_numa_pick_and_commit() -> None:
-    st = store("0")
-    p = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
+    st = allocation_store(TOPO, "0")
+    p = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     # CPU 0 is reserved, so the free whole core of node 0 is 1,5
     assert p.cpus == cs("1,5")
-    assert p.devices == (dev("cpudevnuma000", allocated=2),)
+    assert p.devices == (prepared_device("cpudevnuma000", allocated=2),)
     assert p.record.options == {}
     assert commit(st, p) is True
     assert st.prepared == cs("1,5")
 
 
 def test_grouped_two_results_on_one_group_get_disjoint_cpus() -> None:
-    c = claim(res("cpudevnuma000", "2", request="a"), res("cpudevnuma000", "2", request="b"))
-    p = plan(c, NUMA, store())
+    c = claim(
+        "u1", result("cpudevnuma000", "2", request="a"), result("cpudevnuma000", "2", request="b")
+    )
+    p = plan(c, NUMA, allocation_store(TOPO), TOPO)
     assert p.cpus == cs("0-1,4-5")
     assert p.devices == (
-        dev("cpudevnuma000", "a", allocated=2),
-        dev("cpudevnuma000", "b", allocated=2),
+        prepared_device("cpudevnuma000", "a", allocated=2),
+        prepared_device("cpudevnuma000", "b", allocated=2),
     )
 
 
 def test_grouped_results_on_two_groups() -> None:
-    c = claim(res("cpudevnuma000", "1"), res("cpudevnuma001", "3", request="more"))
-    assert plan(c, NUMA, store()).cpus == cs("0,2-3,6")
+    c = claim("u1", result("cpudevnuma000", "1"), result("cpudevnuma001", "3", request="more"))
+    assert plan(c, NUMA, allocation_store(TOPO), TOPO).cpus == cs("0,2-3,6")
 
 
 def test_grouped_other_claims_are_not_candidates() -> None:
-    st = store()
-    commit(st, plan(claim(res("cpudevnuma000", "2"), uid="first"), NUMA, st))
-    p = plan(claim(res("cpudevnuma000", "2"), uid="second"), NUMA, st)
+    st = allocation_store(TOPO)
+    commit(st, plan(claim("first", result("cpudevnuma000", "2")), NUMA, st, TOPO))
+    p = plan(claim("second", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     assert p.cpus == cs("1,5")
-    assert err(claim(res("cpudevnuma000", "1"), uid="third"), NUMA, store("0-1,4-5")) == (
-        "not enough cpus available to satisfy request: requested=1, available=0"
-    )
+    assert prepare_error(
+        claim("third", result("cpudevnuma000", "1")), NUMA, allocation_store(TOPO, "0-1,4-5"), TOPO
+    ) == ("not enough cpus available to satisfy request: requested=1, available=0")
 
 
 def test_grouped_allocator_failure_reserves_nothing() -> None:
-    st = store()
-    c = claim(res("cpudevnuma000", "3"), res("cpudevnuma000", "2", request="x"))
-    assert err(c, NUMA, st) == (
+    st = allocation_store(TOPO)
+    c = claim("u1", result("cpudevnuma000", "3"), result("cpudevnuma000", "2", request="x"))
+    assert prepare_error(c, NUMA, st, TOPO) == (
         "not enough cpus available to satisfy request: requested=2, available=1"
     )
-    assert err(claim(res("cpudevnuma001", "5")), NUMA, st) == (
+    assert prepare_error(claim("u1", result("cpudevnuma001", "5")), NUMA, st, TOPO) == (
         "not enough cpus available to satisfy request: requested=5, available=4"
     )
     assert len(st) == 0
@@ -279,24 +233,29 @@ def test_grouped_allocator_failure_reserves_nothing() -> None:
 
 
 def test_grouped_socket_mode_uses_the_whole_socket() -> None:
-    st = store(topo=TOPO_1S)
-    p = plan(claim(res("cpudevsocket000", "3")), SOCKET, st, TOPO_1S)
+    st = allocation_store(TOPO_1S)
+    p = plan(claim("u1", result("cpudevsocket000", "3")), SOCKET, st, TOPO_1S)
     assert p.cpus == cs("0-1,4")
 
 
 def test_grouped_idempotent_even_for_another_group() -> None:
-    st = store()
-    commit(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
-    again = plan(claim(res("cpudevnuma001", "4")), NUMA, st)
+    st = allocation_store(TOPO)
+    commit(st, plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO))
+    again = plan(claim("u1", result("cpudevnuma001", "4")), NUMA, st, TOPO)
     assert again.already_prepared is True
     assert again.cpus == cs("0,4")
-    assert again.devices == (dev("cpudevnuma001", allocated=4),)
+    assert again.devices == (prepared_device("cpudevnuma001", allocated=4),)
     # idempotency comes before every check of the results
-    assert plan(claim(res("cpudevnuma000", None)), NUMA, st).cpus == cs("0,4")
+    assert plan(claim("u1", result("cpudevnuma000", None)), NUMA, st, TOPO).cpus == cs("0,4")
 
 
 def test_grouped_no_results_for_this_driver() -> None:
-    p = plan(claim(res("gpu", "1", driver="gpu.example.com")), NUMA, store())
+    p = plan(
+        claim("u1", result("gpu", "1", driver="gpu.example.com")),
+        NUMA,
+        allocation_store(TOPO),
+        TOPO,
+    )
     assert p.is_empty
     assert p.cpus == CPUSet()
 
@@ -318,11 +277,12 @@ def opts(
 def test_grouped_allocation_options_feed_the_allocator() -> None:
     spread = opts(requests=("a",), strategy="spread", preferAlignByUncoreCache=False)
     c = claim(
-        res("cpudevnuma000", "2", request="a"),
-        res("cpudevnuma001", "2", request="b"),
+        "u1",
+        result("cpudevnuma000", "2", request="a"),
+        result("cpudevnuma001", "2", request="b"),
         configs=(spread,),
     )
-    p = plan(c, NUMA, store())
+    p = plan(c, NUMA, allocation_store(TOPO), TOPO)
     # "a" is spread over two cores (0,1), "b" packed onto one core (2,6)
     assert p.cpus == cs("0-2,6")
     assert p.record.options == {
@@ -331,12 +291,12 @@ def test_grouped_allocation_options_feed_the_allocator() -> None:
 
 
 def test_grouped_allocation_options_errors_are_claim_errors() -> None:
-    c = claim(res("cpudevnuma000", "1"), configs=(opts(fullPCPUsOnly=True),))
-    assert err(c, NUMA, store()) == (
+    c = claim("u1", result("cpudevnuma000", "1"), configs=(opts(fullPCPUsOnly=True),))
+    assert prepare_error(c, NUMA, allocation_store(TOPO), TOPO) == (
         "fullPCPUsOnly: requested 1 CPUs is not a multiple of 2 threads per core"
     )
-    c = claim(res("cpudevnuma000", "1"), configs=(opts(fullPCPUsOnly=1),))
-    assert err(c, NUMA, store()) == (
+    c = claim("u1", result("cpudevnuma000", "1"), configs=(opts(fullPCPUsOnly=1),))
+    assert prepare_error(c, NUMA, allocation_store(TOPO), TOPO) == (
         "invalid allocation options: Expected `bool`, got `int` - at `$.fullPCPUsOnly`"
     )
 
@@ -347,7 +307,12 @@ def test_grouped_cpuset_overrides_are_ignored_outside_machine_mode() -> None:
         driver="dra.cpu",
         parameters=b'{"apiVersion": "v1alpha1", "cpuConfig": {"cpuset": "7"}}',
     )
-    p = plan(claim(res("cpudevnuma000", "1"), configs=(override, override)), NUMA, store())
+    p = plan(
+        claim("u1", result("cpudevnuma000", "1"), configs=(override, override)),
+        NUMA,
+        allocation_store(TOPO),
+        TOPO,
+    )
     assert p.cpus == cs("0")
 
 
@@ -355,9 +320,9 @@ def test_grouped_cpuset_overrides_are_ignored_outside_machine_mode() -> None:
 
 
 def test_abort_of_a_new_claim_frees_its_cpus() -> None:
-    st = store()
+    st = allocation_store(TOPO)
     state = NodeState(st)
-    p = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
+    p = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     state.begin_prepare(p)
     state.abort_prepare(p)  # the CDI write failed
     assert len(st) == 0
@@ -365,32 +330,32 @@ def test_abort_of_a_new_claim_frees_its_cpus() -> None:
 
 
 def test_abort_of_a_reprepare_keeps_the_allocation() -> None:
-    st = store()
+    st = allocation_store(TOPO)
     state = NodeState(st)
-    commit(st, plan(claim(res("cpudevnuma000", "2")), NUMA, st))
-    again = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
+    commit(st, plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO))
+    again = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     state.begin_prepare(again)
     state.abort_prepare(again)
     assert st.cpus_of("u1") == cs("0,4")
 
 
 def test_abort_never_releases_someone_elses_cpus() -> None:
-    st = store()
+    st = allocation_store(TOPO)
     state = NodeState(st)
-    p = plan(claim(res("cpudevnuma000", "2")), NUMA, st)
+    p = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     state.abort_prepare(p)  # never begun: nothing to undo
     st.reserve(ClaimRecord(uid="u1", cpus=cs("7")))
     state.abort_prepare(p)
     assert st.cpus_of("u1") == cs("7")
-    empty = plan(claim(), NUMA, st)
+    empty = plan(claim("u1"), NUMA, st, TOPO)
     state.abort_prepare(empty)
     assert st.cpus_of("u1") == cs("7")
 
 
 def test_commit_of_a_stale_plan_is_refused_by_the_store() -> None:
-    st = store()
-    first = plan(claim(res("cpudevnuma000", "2"), uid="a"), NUMA, st)
-    second = plan(claim(res("cpudevnuma000", "2"), uid="b"), NUMA, st)
+    st = allocation_store(TOPO)
+    first = plan(claim("a", result("cpudevnuma000", "2")), NUMA, st, TOPO)
+    second = plan(claim("b", result("cpudevnuma000", "2")), NUMA, st, TOPO)
     commit(st, first)
     with pytest.raises(PrepareError) as info:
         commit(st, second)
@@ -401,7 +366,9 @@ def test_commit_of_a_stale_plan_is_refused_by_the_store() -> None:
 # -- property: many claims through plan + commit ---------------------------------------------
 
 BIG = grid(2, 2, 4, threads=2, cores_per_l3=2)  # 32 CPUs, 4 NUMA nodes of 8
-BIG_NUMA = Names("grouped", "numanode", group_of_device={f"cpudevnuma{n:03d}": n for n in range(4)})
+BIG_NUMA = DeviceNames(
+    "grouped", "numanode", group_of_device={f"cpudevnuma{n:03d}": n for n in range(4)}
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -419,9 +386,9 @@ def test_claims_never_share_cpus_and_stay_in_their_group(
     taken: dict[str, CPUSet] = {}
     for i, wanted in enumerate(claims):
         results = [
-            res(f"cpudevnuma{n:03d}", str(k), request=f"r{j}") for j, (n, k) in enumerate(wanted)
+            result(f"cpudevnuma{n:03d}", str(k), request=f"r{j}") for j, (n, k) in enumerate(wanted)
         ]
-        c = claim(*results, uid=f"c{i}")
+        c = claim(f"c{i}", *results)
         pool_before = st_.shared_pool
         try:
             p = plan(c, BIG_NUMA, st_, BIG)

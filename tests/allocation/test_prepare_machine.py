@@ -3,53 +3,29 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import pytest
-from topo_builders import grid
+from builders import (
+    DeviceNames,
+    allocation_store,
+    claim,
+    commit,
+    cs,
+    grid,
+    plan,
+    prepare_error,
+    prepared_device,
+    result,
+)
 
 from dracpu.allocation.opaque import DeviceConfig
-from dracpu.allocation.prepare import (
-    AllocationResult,
-    ClaimAllocation,
-    ClaimPlan,
-    PrepareError,
-    plan_claim,
-)
-from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
+from dracpu.allocation.prepare import AllocationResult, PrepareError
+from dracpu.allocation.store import ClaimRecord
 from dracpu.cpuset import CPUSet
-from dracpu.state import NodeState
 
-TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2)  # CPUs 0-7
-ONLINE = CPUSet.range(0, 9)  # CPUs 8-9 are online but were skipped by discovery
-
-
-@dataclass(frozen=True)
-class Names:
-    mode: str = "grouped"
-    group_by: str = "machine"
-    cpu_of_device: Mapping[str, int] = field(default_factory=dict)
-    group_of_device: Mapping[str, int] = field(default_factory=dict)
-
-
-MACHINE = Names()
-
-
-def cs(text: str) -> CPUSet:
-    return CPUSet.parse(text)
-
-
-def res(
-    capacity: str | None = "4", *, request: str = "cpus", device: str = "cpudevmachine"
-) -> AllocationResult:
-    return AllocationResult(
-        request=request,
-        driver="dra.cpu",
-        pool="node-a",
-        device=device,
-        consumed_capacity={} if capacity is None else {"dra.cpu/cpu": capacity},
-    )
+# CPUs 0-7; CPUs 8-9 are online but were skipped by discovery
+TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2, online=CPUSet.range(0, 9))
+MACHINE = DeviceNames(group_by="machine")
 
 
 def override(
@@ -76,53 +52,20 @@ OPTIONS = DeviceConfig(
 )
 
 
-def claim(
-    *results: AllocationResult, configs: tuple[DeviceConfig, ...], uid: str = "u1"
-) -> ClaimAllocation:
-    return ClaimAllocation(uid=uid, namespace="ns", name="c", results=results, configs=configs)
-
-
-def store(reserved: str = "0") -> AllocationStore:
-    return AllocationStore(TOPO.all_cpus - cs(reserved), cs(reserved))
-
-
-def plan(c: ClaimAllocation, st: AllocationStore) -> ClaimPlan:
-    return plan_claim(c, inventory=MACHINE, topology=TOPO, store=st, online=ONLINE)
-
-
-def err(c: ClaimAllocation, st: AllocationStore) -> str:
-    with pytest.raises(PrepareError) as info:
-        plan(c, st)
-    return str(info.value)
-
-
-def commit(st: AllocationStore, p: ClaimPlan) -> bool:
-    """A prepare whose files reached the disk: the state owner reserves, then commits."""
-    state = NodeState(st)
-    new = state.begin_prepare(p)
-    state.finish_prepare(p)
-    return new
-
-
 def test_behavior_example_override() -> None:
-    st = store()
-    p = plan(claim(res("4"), configs=(override("4-7"),)), st)
-    assert p.cpus == cs("4-7")
-    assert p.devices == (
-        PreparedDevice(
-            pool_name="node-a",
-            device_name="cpudevmachine",
-            request_names=("cpus",),
-            allocated_num_cpus=4,
-        ),
+    st = allocation_store(TOPO, "0")
+    p = plan(
+        claim("u1", result("cpudevmachine", "4"), configs=(override("4-7"),)), MACHINE, st, TOPO
     )
+    assert p.cpus == cs("4-7")
+    assert p.devices == (prepared_device("cpudevmachine", allocated=4),)
     assert commit(st, p) is True
     assert st.shared_pool == cs("1-3")
 
 
 def test_device_name_is_not_checked_and_sub_requests_match_their_main_request() -> None:
-    c = claim(res("2", request="cpus/fast", device="anything"), configs=(override("2-3"),))
-    assert plan(c, store()).cpus == cs("2-3")
+    c = claim("u1", result("anything", "2", request="cpus/fast"), configs=(override("2-3"),))
+    assert plan(c, MACHINE, allocation_store(TOPO, "0"), TOPO).cpus == cs("2-3")
 
 
 def test_override_for_all_requests_and_other_drivers_ignored() -> None:
@@ -131,24 +74,32 @@ def test_override_for_all_requests_and_other_drivers_ignored() -> None:
         override("5-6", requests=()),
         OPTIONS,  # options configs neither count nor get parsed in machine mode
     )
-    assert plan(claim(res("2"), configs=configs), store()).cpus == cs("5-6")
+    assert plan(
+        claim("u1", result("cpudevmachine", "2"), configs=configs),
+        MACHINE,
+        allocation_store(TOPO, "0"),
+        TOPO,
+    ).cpus == cs("5-6")
 
 
 def test_two_results_with_their_own_overrides() -> None:
     c = claim(
-        res("2", request="a"),
-        res("3", request="b"),
+        "u1",
+        result("cpudevmachine", "2", request="a"),
+        result("cpudevmachine", "3", request="b"),
         configs=(override("1-2", requests=("a",)), override("5-7", requests=("b",))),
     )
-    p = plan(c, store())
+    p = plan(c, MACHINE, allocation_store(TOPO, "0"), TOPO)
     assert p.cpus == cs("1-2,5-7")
     assert [d.request_names for d in p.devices] == [("a",), ("b",)]
 
 
 def test_idempotent_reprepare() -> None:
-    st = store()
-    commit(st, plan(claim(res("4"), configs=(override("4-7"),)), st))
-    again = plan(claim(res("2"), configs=(override("1-2"),)), st)
+    st = allocation_store(TOPO, "0")
+    first = claim("u1", result("cpudevmachine", "4"), configs=(override("4-7"),))
+    commit(st, plan(first, MACHINE, st, TOPO))
+    second = claim("u1", result("cpudevmachine", "2"), configs=(override("1-2"),))
+    again = plan(second, MACHINE, st, TOPO)
     assert again.already_prepared is True
     assert again.cpus == cs("4-7")
 
@@ -164,19 +115,23 @@ CLASS_MSG = (
     [
         # capacity checks come first
         (
-            (res(None),),
+            (result("cpudevmachine", None),),
             (override(source="FromClass"),),
             ('CPU capacity "dra.cpu/cpu" for device "cpudevmachine" is missing'),
         ),
         (
-            (res("1500m"),),
+            (result("cpudevmachine", "1500m"),),
             (),
             ('CPU capacity for device "cpudevmachine" must be a whole number, got 1500m'),
         ),
-        ((res("4"),), (override(source="FromClass"),), CLASS_MSG),
-        ((res("4"),), (override(source="FromClass", requests=()), override()), CLASS_MSG),
+        ((result("cpudevmachine", "4"),), (override(source="FromClass"),), CLASS_MSG),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
+            (override(source="FromClass", requests=()), override()),
+            CLASS_MSG,
+        ),
+        (
+            (result("cpudevmachine", "4"),),
             (),
             (
                 'opaque config: request "cpus" is targeted by 0 configurations, '
@@ -184,7 +139,7 @@ CLASS_MSG = (
             ),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (OPTIONS,),
             (
                 'opaque config: request "cpus" is targeted by 0 configurations, '
@@ -192,7 +147,7 @@ CLASS_MSG = (
             ),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (override(), override(requests=())),
             (
                 'opaque config: request "cpus" is targeted by 2 configurations, '
@@ -200,12 +155,12 @@ CLASS_MSG = (
             ),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (raw(b""),),
             ('no opaque cpuset configuration found for allocation request "cpus"'),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (raw(b"{oops"),),
             (
                 "failed to unmarshal opaque config: "
@@ -213,17 +168,17 @@ CLASS_MSG = (
             ),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (raw(b'{"cpuConfig": {"cpuset": "4-7"}}'),),
             ('unsupported opaque config apiVersion: ""'),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (raw(b'{"apiVersion": "v1alpha1", "cpuConfig": {}}'),),
             ("opaque config: cpuConfig.cpuset is empty or missing"),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (override("4-x"),),
             (
                 'opaque config: failed to parse cpuset "4-x": '
@@ -231,22 +186,22 @@ CLASS_MSG = (
             ),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (override("4-6"),),
             ("opaque config cpuset size 3 does not match requested capacity 4"),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (override("8-11"),),
             ("requested CPUs 8-11 from opaque config contain offline cores: 10-11"),
         ),
         (
-            (res("4"),),
+            (result("cpudevmachine", "4"),),
             (override("0-3"),),
             ("requested CPUs 0-3 from opaque config contain reserved cores: 0"),
         ),
         (
-            (res("2", request="a"), res("2", request="b")),
+            (result("cpudevmachine", "2", request="a"), result("cpudevmachine", "2", request="b")),
             (override("1-2", requests=("a",)), override("2-3", requests=("b",))),
             "requested CPUs 2-3 from opaque config are already assigned to another device in "
             "this claim",
@@ -256,23 +211,25 @@ CLASS_MSG = (
 def test_override_errors(
     results: tuple[AllocationResult, ...], configs: tuple[DeviceConfig, ...], message: str
 ) -> None:
-    st = store()
-    assert err(claim(*results, configs=configs), st) == message
+    st = allocation_store(TOPO, "0")
+    assert prepare_error(claim("u1", *results, configs=configs), MACHINE, st, TOPO) == message
     assert len(st) == 0
 
 
 def test_override_conflicting_with_another_claim() -> None:
-    st = store()
+    st = allocation_store(TOPO, "0")
     st.reserve(ClaimRecord(uid="other", cpus=cs("3")))
-    c = claim(res("4"), configs=(override("2-5"),))
-    assert err(c, st) == (
+    c = claim("u1", result("cpudevmachine", "4"), configs=(override("2-5"),))
+    assert prepare_error(c, MACHINE, st, TOPO) == (
         "requested CPUs 2-5 from opaque config conflict with already allocated claims"
     )
 
 
 def test_override_of_online_cpus_outside_the_topology_fails_at_reserve() -> None:
-    st = store()
-    p = plan(claim(res("2"), configs=(override("8-9"),)), st)
+    st = allocation_store(TOPO, "0")
+    p = plan(
+        claim("u1", result("cpudevmachine", "2"), configs=(override("8-9"),)), MACHINE, st, TOPO
+    )
     assert p.cpus == cs("8-9")
     with pytest.raises(PrepareError) as info:
         commit(st, p)

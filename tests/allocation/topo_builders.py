@@ -1,5 +1,5 @@
-"""The topology builders, now in ``tests/builders.py``; kept for the modules that still
-import them from here (``golden_cases.py``, ``test_prepare*.py``).
+"""The topology builders, now in ``tests/builders.py``; kept for ``golden_cases.py``,
+which still imports them from here.
 
 ``golden_cases.py`` also runs as a script, without ``tests/conftest.py``, so ``tests/`` is
 put on ``sys.path`` here."""

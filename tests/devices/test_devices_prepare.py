@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from builders import claim, commit, plan, prepare_error, result
 
-from dracpu.allocation.prepare import (
-    AllocationResult,
-    ClaimAllocation,
-    PrepareError,
-    plan_claim,
-)
 from dracpu.allocation.store import AllocationStore
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory
@@ -21,53 +15,17 @@ from dracpu.topology import discover_from_root
 XEON_SNC = Path(__file__).resolve().parent.parent / "fake_sysfs" / "xeon-snc"
 
 
-def claim(uid: str, *results: AllocationResult) -> ClaimAllocation:
-    return ClaimAllocation(uid=uid, namespace="ns", name=f"c-{uid}", results=results)
-
-
-def numa_result(device: str, cpus: str) -> AllocationResult:
-    return AllocationResult(
-        request="cpus",
-        driver="dra.cpu",
-        pool="node-a",
-        device=device,
-        consumed_capacity={"dra.cpu/cpu": cpus},
-    )
-
-
 def test_grouped_numa_claims_get_disjoint_aligned_cpus() -> None:
     topo = discover_from_root(XEON_SNC)
     reserved = CPUSet.parse("0,40")
     inv = build_inventory(topo, DeviceSettings(reserved=reserved))
     store = AllocationStore(topo.all_cpus - reserved, reserved)
-    first = plan_claim(
-        claim("a", numa_result("cpudevnuma001", "4")),
-        inventory=inv,
-        topology=topo,
-        store=store,
-        online=topo.online,
-    )
+    first = plan(claim("a", result("cpudevnuma001", "4")), inv, store, topo)
     assert first.cpus == CPUSet.parse("10-11,50-51")
-    state = NodeState(store)
-    state.begin_prepare(first)
-    state.finish_prepare(first)
-    second = plan_claim(
-        claim("b", numa_result("cpudevnuma001", "4")),
-        inventory=inv,
-        topology=topo,
-        store=store,
-        online=topo.online,
-    )
+    assert commit(store, first) is True
+    second = plan(claim("b", result("cpudevnuma001", "4")), inv, store, topo)
     assert second.cpus == CPUSet.parse("12-13,52-53")
-    with pytest.raises(PrepareError) as info:
-        plan_claim(
-            claim("c", numa_result("cpudevnuma000", "19")),
-            inventory=inv,
-            topology=topo,
-            store=store,
-            online=topo.online,
-        )
-    assert str(info.value) == (
+    assert prepare_error(claim("c", result("cpudevnuma000", "19")), inv, store, topo) == (
         "not enough cpus available to satisfy request: requested=19, available=18"
     )
 
@@ -76,14 +34,8 @@ def test_individual_devices_resolve_to_their_cpus() -> None:
     topo = discover_from_root(XEON_SNC)
     inv = build_inventory(topo, DeviceSettings(mode="individual"))
     store = AllocationStore(topo.all_cpus, CPUSet())
-    results = [
-        AllocationResult(request="cpus", driver="dra.cpu", pool="node-a", device=name)
-        for name in ("cpudev000", "cpudev001")
-    ]
-    plan = plan_claim(
-        claim("i", *results), inventory=inv, topology=topo, store=store, online=topo.online
-    )
-    assert plan.cpus == CPUSet.parse("0,40")
+    results = [result(name) for name in ("cpudev000", "cpudev001")]
+    assert plan(claim("i", *results), inv, store, topo).cpus == CPUSet.parse("0,40")
 
 
 def test_grouped_claims_take_isolated_cpus_first_and_keep_the_pool() -> None:
@@ -93,16 +45,10 @@ def test_grouped_claims_take_isolated_cpus_first_and_keep_the_pool() -> None:
     state = NodeState(AllocationStore(topo.all_cpus, CPUSet(), topo.isolated))
 
     def prepare(uid: str, count: str) -> CPUSet:
-        plan = plan_claim(
-            claim(uid, numa_result("cpudevnuma000", count)),
-            inventory=inv,
-            topology=topo,
-            store=state.store,
-            online=topo.online,
-        )
-        state.begin_prepare(plan)
-        state.finish_prepare(plan)
-        return plan.cpus
+        p = plan(claim(uid, result("cpudevnuma000", count)), inv, state.store, topo)
+        state.begin_prepare(p)
+        state.finish_prepare(p)
+        return p.cpus
 
     assert prepare("a", "2") == CPUSet.parse("2,10")  # isolated CPUs first
     assert prepare("b", "10") == CPUSet.parse("3-7,11-15")  # the rest of them
