@@ -24,6 +24,7 @@ import pytest
 from deploy_render import DEPLOY, MONITORING_OVERLAYS, by_kind
 from prometheus_client import CollectorRegistry
 
+from dracpu.irq.metrics import IRQ_METRIC_DEFINITIONS, IrqMetrics
 from dracpu.metrics import DRACPU_METRIC_DEFINITIONS, METRIC_DEFINITIONS, DriverMetrics
 
 Render = Callable[[str], list[dict[str, Any]]]
@@ -223,6 +224,7 @@ def exposed_series() -> set[str]:
     """Every sample name the daemon's metrics expose on a fresh registry."""
     registry = CollectorRegistry()
     DriverMetrics(registry)
+    IrqMetrics(registry)  # the interrupt service's, on the same registry in the daemon
     return {
         sample.name
         for family in registry.collect()
@@ -271,7 +273,7 @@ def test_every_panel_queries_series_the_daemon_exposes(dashboard: dict[str, Any]
 
 
 def test_every_metric_has_a_panel(dashboard: dict[str, Any]) -> None:
-    definitions = METRIC_DEFINITIONS + DRACPU_METRIC_DEFINITIONS
+    definitions = METRIC_DEFINITIONS + DRACPU_METRIC_DEFINITIONS + IRQ_METRIC_DEFINITIONS
     histograms = {d.name for d in definitions if d.type == "histogram"}
     shown = {
         _family(series, histograms)
