@@ -198,6 +198,8 @@ async def _serve_durable(
     checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
+        if service.metadata_purger is not None:  # dracpu run's metadata-purge service
+            nursery.start_soon(service.metadata_purger.run)
         await _serve_settled(path, service.grpc_handlers())
 
 

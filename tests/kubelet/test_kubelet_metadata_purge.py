@@ -94,14 +94,17 @@ async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhi
 ) -> None:
     plugin_dir, cdi_dir = dirs
     purger = MetadataPurger(plugin_dir)
-    for name in ("a", "b"):
-        claim = ClaimAllocation(uid=UID, namespace="team-a", name=name)
-        write_claim_metadata(plugin_dir, cdi_dir, claim, DEVICES, None)
-        remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False)
-        purger.soon()  # the second call finds the first purge running, or done
-    with trio.fail_after(10):
-        while purger.purged < 2 or entries(plugin_dir):
-            await trio.sleep(0.01)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(purger.run)  # a service under the supervisor in the daemon
+        for name in ("a", "b"):
+            claim = ClaimAllocation(uid=UID, namespace="team-a", name=name)
+            write_claim_metadata(plugin_dir, cdi_dir, claim, DEVICES, None)
+            remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False)
+            purger.soon()  # the second call finds the first purge running, or done
+        with trio.fail_after(10):
+            while purger.purged < 2 or entries(plugin_dir):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
     assert purger.purged == 2
 
 

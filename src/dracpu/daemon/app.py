@@ -354,6 +354,9 @@ class Daemon:
             Service(name="topology", run=partial(self._follow_topology, topology_in)),
             Service(name="claim-status", run=self.claim_status.run),
         ]
+        purger = self.kubelet.dra.metadata_purger
+        if purger is not None:  # deletes the device metadata unprepares set aside
+            services.append(Service(name="metadata-purge", run=purger.run))
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
             for service in services:

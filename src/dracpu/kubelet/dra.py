@@ -181,7 +181,10 @@ class DRAService:
         # Like _offload_io, for metadata files: a caller's choice holds for them too.
         self._metadata_offload = offload_io
         self._metadata_batches = ThreadBatcher()
-        self._metadata_purger: MetadataPurger | None = None
+        # Deletes what unprepares set aside; `dracpu run` runs it as a service.
+        self.metadata_purger = (
+            MetadataPurger(plugin_data_dir) if plugin_data_dir is not None else None
+        )
 
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
         await self._file_io_result(fn, *args)
@@ -243,9 +246,8 @@ class DRAService:
                 name,
                 claim_uid,
             )
-            if self._metadata_purger is None:
-                self._metadata_purger = MetadataPurger(self.plugin_data_dir)
-            self._metadata_purger.soon()
+            if self.metadata_purger is not None:
+                self.metadata_purger.soon()
 
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:

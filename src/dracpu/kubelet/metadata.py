@@ -37,6 +37,7 @@ from dracpu.cdi.metadata import (
 )
 from dracpu.devices.model import ATTR_ALLOCATED_NUM_CPUS
 from dracpu.k8s.names import is_dns1123_label, is_dns1123_subdomain
+from dracpu.nursery.pulse import Pulse
 
 __all__ = [
     "METADATA_DIR",
@@ -251,37 +252,31 @@ def purge_removed_metadata(plugin_dir: str) -> int:
 
 
 class MetadataPurger:
-    """Deletes set-aside metadata directories in the background: ``soon`` starts a Trio
-    system task (none when one is running; it runs again if asked meanwhile), which
-    deletes in a worker thread. Shutdown does not wait for it; what is left is deleted by
-    the next purge, of this run or the next."""
+    """Deletes set-aside metadata directories in the background: ``soon`` asks for a purge,
+    and ``run``, a service of the root supervisor (``dracpu run`` starts it as
+    ``metadata-purge``), deletes in a worker thread, once per ask (asks made during a purge
+    are answered by one more). Deleting is abandoned on cancel: a stop does not wait for
+    it, and what is left is deleted by the next purge, of this run or the next."""
 
     def __init__(self, plugin_dir: str) -> None:
         self.plugin_dir = plugin_dir
-        self._running = False
+        self._asked = Pulse()
         self._again = False
         self.purged = 0  # directories deleted so far
 
     def soon(self) -> None:
-        """Purge once the current purge (if any) is done. Call from the Trio thread."""
-        if self._running:
-            self._again = True
-            return
-        self._running = True
-        trio.lowlevel.spawn_system_task(self._run, name="purge device metadata")
+        """Ask for a purge after the current one (if any). Call from the Trio thread."""
+        self._again = True
+        self._asked.fire()
 
-    async def _run(self) -> None:
-        try:
-            self._again = True
-            while self._again:
-                self._again = False
-                self.purged += await trio.to_thread.run_sync(
-                    purge_removed_metadata, self.plugin_dir, abandon_on_cancel=True
-                )
-        except Exception:  # a system task must not raise: it would end the whole run
-            log.exception("purging removed device metadata failed")
-        finally:
-            self._running = False
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._asked.wait_until(lambda: self._again)
+            self._again = False
+            self.purged += await trio.to_thread.run_sync(
+                purge_removed_metadata, self.plugin_dir, abandon_on_cancel=True
+            )
 
 
 def _remove_logged(remove: Callable[[str], object], path: str, what: str) -> None:
