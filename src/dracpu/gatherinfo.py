@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from dracpu import __version__
+from dracpu import RESOURCE_API_VERSION, __version__
 from dracpu.topology.model import NO_ID, Topology
 
 __all__ = [
@@ -247,7 +247,7 @@ def _as_gathered(obj: Mapping[str, Any]) -> dict[str, Any]:
     accepts as a new object."""
     meta = obj.get("metadata") or {}
     return {
-        "apiVersion": obj.get("apiVersion", "resource.k8s.io/v1"),
+        "apiVersion": obj.get("apiVersion", RESOURCE_API_VERSION),
         "kind": obj.get("kind"),
         "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if meta.get(k)},
         "spec": obj.get("spec") or {},

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from dracpu import DRIVER_NAME
+from dracpu import DRIVER_NAME, RESOURCE_API_VERSION
 from dracpu.devices.model import (
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_LIST_ATTRS,
@@ -37,7 +37,7 @@ def _slice(
     devices: list[Any],
 ) -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceSlice",
         "metadata": {
             "generateName": f"{slice_index_prefix(index, count)}-{DRIVER_NAME}-{node_name}-",

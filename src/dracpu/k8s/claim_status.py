@@ -68,7 +68,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from dracpu import DRIVER_NAME
+from dracpu import DRIVER_NAME, RESOURCE_API_VERSION
 from dracpu.cpuset import CPUSet
 from dracpu.k8s.client import K8sError, KubeClient, NotFound
 from dracpu.k8s.slice_api import RetryDelays
@@ -93,7 +93,7 @@ __all__ = [
 
 log = get_logger("dracpu.k8s.claim_status")
 
-API_VERSION = "resource.k8s.io/v1"
+API_VERSION = RESOURCE_API_VERSION
 APPLY_PATCH = "application/apply-patch+yaml"
 # dracpu's field manager: the entries it applied are its own, other drivers' are theirs.
 FIELD_MANAGER = "dracpu"

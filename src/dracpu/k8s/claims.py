@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
-from dracpu.allocation.opaque import DRIVER_NAME, DeviceConfig
+from dracpu import DRIVER_NAME, RESOURCE_API_VERSION
+from dracpu.allocation.opaque import DeviceConfig
 from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
 from dracpu.k8s.client import K8sError, KubeClient, NotFound
 from dracpu.k8s.names import (
@@ -193,7 +194,7 @@ async def read_claim(
         # pulls in some 300 models) and no per-call argument validation, about 0.15 ms of
         # CPU less per read; the path is the one read_namespaced_resource_claim requests.
         raw = await api.get_raw(
-            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+            f"/apis/{RESOURCE_API_VERSION}/namespaces/{{namespace}}/resourceclaims/{{name}}",
             namespace=namespace,
             name=name,
         )
