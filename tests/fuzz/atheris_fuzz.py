@@ -24,7 +24,7 @@ import atheris
 with atheris.instrument_imports():
     from grpclib.const import Status
 
-    from dracpu.allocation.env import DRAEnvError, parse_dra_env
+    from dracpu.cdi.env import DRAEnvError, parse_dra_env
     from dracpu.cpuset import CPUSet
     from dracpu.grpc.connection import GRPCServerConnection, RequestReceived
     from dracpu.grpc.framing import MAX_MESSAGE_SIZE

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dracpu.allocation.env import DRAEnvError, parse_dra_env
+from dracpu.cdi.env import DRAEnvError, parse_dra_env
 from dracpu.cpuset import CPUSet, CPUSetParseError
 
 __all__ = [
