@@ -1,48 +1,29 @@
-"""The allocator over every checked-in sysfs fixture (skipped until discovery exists).
+"""The allocator over every checked-in sysfs tree (``tests/fake_sysfs``).
 
 Expectations are structural, reasoned from §9 rather than pasted: with every CPU free, a
 request of one NUMA node's size returns a whole NUMA node, one socket's size a whole socket,
-two CPUs on an SMT machine one whole core. Exact per-fixture cpusets are still to be added
-once the fixture layouts are final.
+two CPUs on an SMT machine one whole core.
 """
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
-
 import pytest
+from builders import FAKE_SYSFS, machine
+from golden_cases import FIXTURE_NAMES
 
 from dracpu.allocation import take_cpus
-from dracpu.topology.model import Topology
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fake_sysfs"
-NAMES = [
-    "xeon-2s-ht",
-    "xeon-snc",
-    "epyc-nps1",
-    "epyc-nps4",
-    "epyc-2s-768",
-    "intel-hybrid",
-    "arm-server",
-    "vm-1cpu",
-    "offline-holes",
-]
+MACHINES = sorted(p.name for p in FAKE_SYSFS.iterdir() if p.is_dir())
 
 
-def load(name: str) -> Topology:
-    discover = getattr(importlib.import_module("dracpu.topology"), "discover_from_root", None)
-    root = FIXTURES / name
-    if discover is None or not root.is_dir():
-        pytest.skip(f"discovery or fixture {name} not available yet")
-    topo = discover(str(root))
-    assert isinstance(topo, Topology)
-    return topo
+def test_the_trees_include_every_shape_of_the_golden_answers() -> None:
+    # A wrong path would leave nothing to parametrize over: the test below would not fail.
+    assert set(FIXTURE_NAMES) <= set(MACHINES)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", MACHINES)
 def test_fixture_basic_requests(name: str) -> None:
-    topo = load(name)
+    topo = machine(name)
     everything = topo.all_cpus
     assert len(take_cpus(topo, everything, 1)) == 1
     got = take_cpus(topo, everything, topo.num_cpus)
