@@ -21,7 +21,6 @@ from dracpu.cdi.files import (
 )
 from dracpu.cdi.names import CDI_KIND, cdi_device_id, cdi_device_name
 from dracpu.cdi.spec import (
-    CDI_DIR,
     CDI_VERSION,
     MAX_SPEC_BYTES,
     CDIError,
@@ -31,7 +30,6 @@ from dracpu.cdi.spec import (
 )
 
 __all__ = [
-    "CDI_DIR",
     "CDI_KIND",
     "CDI_VERSION",
     "MAX_SPEC_BYTES",

@@ -23,7 +23,6 @@ from dracpu.cpuset import CPUSet
 from dracpu.gofmt import go_quote
 
 __all__ = [
-    "CDI_DIR",
     "CDI_VERSION",
     "KNOWN_VERSIONS",
     "MAX_CLAIM_UID",
@@ -40,7 +39,6 @@ __all__ = [
     "resolve_device_env",
 ]
 
-CDI_DIR = "/var/run/cdi"
 CDI_VERSION = "0.3.0"
 KNOWN_VERSIONS = frozenset(("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"))
 # A file name is at most 255 bytes; SPEC_PREFIX, DEVICE_PREFIX and ".json" take 26 of them.
