@@ -36,7 +36,6 @@ from dracpu.cpuset import CPUSet, CPUSetParseError, parse_cpuset
 from dracpu.gofmt import go_quote
 
 __all__ = [
-    "DRIVER_NAME",
     "FROM_CLAIM",
     "FROM_CLASS",
     "OVERRIDE_API_VERSION",
