@@ -205,6 +205,8 @@ run_example() {  # $1: a docs/examples file
 }
 
 is_individual() { grep -q 'deploy/overlays/individual' "$1"; }
+# An example that needs other drivers' devices (they exist only on the simulated node).
+is_dry_run_only() { grep -q '^# kind-e2e: skip' "$1"; }
 
 log "kind create cluster $CLUSTER (Kubernetes $K8S_VERSION, $CONFIG)"
 kind create cluster --name "$CLUSTER" --config "$CONFIG" --wait "$TIMEOUT" \
@@ -216,10 +218,10 @@ kind load docker-image "$IMAGE" --name "$CLUSTER"
 install grouped
 check_admission_policy
 for file in "$REPO"/docs/examples/*.yaml; do
-  is_individual "$file" || run_example "$file"
+  is_dry_run_only "$file" || is_individual "$file" || run_example "$file"
 done
 install individual
 for file in "$REPO"/docs/examples/*.yaml; do
-  ! is_individual "$file" || run_example "$file"
+  is_dry_run_only "$file" || ! is_individual "$file" || run_example "$file"
 done
 log "kind-e2e passed on Kubernetes $K8S_VERSION"
