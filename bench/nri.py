@@ -35,17 +35,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
+from owner import NoIOSteps
 
-from dracpu.allocation.prepare import ClaimPlan
-from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
+from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cgroupfs import blocking_writer
 from dracpu.cgroupfs.intent_view import IntentView
 from dracpu.cgroupfs.watcher import DriftWatcher
 from dracpu.cgroupfs.writer import CgroupWriter
 from dracpu.cpuset import CPUSet
+from dracpu.devices import DeviceInventory, DeviceSettings, build_inventory
 from dracpu.messages import VerifyCpusets
 from dracpu.nri.handlers import EVENT_MASK
 from dracpu.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
@@ -56,6 +59,7 @@ from dracpu.nri.session import NRISession
 from dracpu.nri.ttrpc import RequestReceived
 from dracpu.proto.nri import api_pb2
 from dracpu.state import NodeState
+from dracpu.topology import discover_from_root
 from dracpu_sim.runtime import RuntimeSimulator
 
 WARMUP = 200
@@ -65,7 +69,35 @@ SHARED = 1000
 POOL_RUNS = 7
 CONVERGE_RUNS = 5
 RECONNECT_RUNS = 5
-DEVICE = (PreparedDevice(pool_name="bench", device_name="cpudev008"),)
+# 64 CPUs (0-63, no SMT), the simulated runtime's node_cpus.
+MACHINE = Path(__file__).resolve().parent.parent / "tests" / "fake_sysfs" / "arm-server"
+
+
+class ExactClaims:
+    """A memory-only owner of MACHINE's CPUs planning with one device per CPU, so a claim
+    takes exactly the CPUs its devices name; prepared and unprepared through the owner's
+    transactions (its steps and stores are private), with no file I/O."""
+
+    def __init__(self) -> None:
+        topo = discover_from_root(MACHINE)
+        self.inventory: DeviceInventory = build_inventory(topo, DeviceSettings(mode="individual"))
+        self.state = NodeState(AllocationStore(topo.all_cpus, CPUSet()))
+        self.state.use_topology(topo, self.inventory, topo.online)
+        self._steps = NoIOSteps()
+
+    async def prepare(self, uid: str, cpus: CPUSet) -> None:
+        names = [n for n, cpu in self.inventory.cpu_of_device.items() if cpu in cpus]
+        results = tuple(
+            AllocationResult(request="cpus", driver="dra.cpu", pool="bench", device=name)
+            for name in names
+        )
+        claim = ClaimAllocation(uid=uid, namespace="bench", name=uid, results=results)
+        outcome = await self.state.prepare(claim, self._steps)
+        assert not outcome.error and self.state.view.cpus_of(uid) == cpus, outcome
+
+    async def unprepare(self, uid: str) -> None:
+        outcome = await self.state.unprepare("bench", uid, uid, self._steps)
+        assert not outcome.error and outcome.released is not None, outcome
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -76,8 +108,9 @@ def _percentile(samples: list[float], q: float) -> float:
 async def _main(sock_dir: str, cgroup_root: str) -> None:
     cpus = CPUSet.parse("0-63")
     await _create_round_trips(sock_dir, cgroup_root, cpus)
-    store = AllocationStore(cpus, CPUSet())
-    state = NodeState(store)
+    claims = ExactClaims()
+    state = claims.state
+    assert state.view.allocatable == cpus
     plugin = NRIPlugin(state)
     socket_path = os.path.join(sock_dir, "nri.sock")
     sim = RuntimeSimulator(socket_path, cgroup_root, node_cpus="0-63")
@@ -92,15 +125,15 @@ async def _main(sock_dir: str, cgroup_root: str) -> None:
         runs: list[float] = []
         for run in range(POOL_RUNS):
             if run % 2 == 0:
-                store.reserve(ClaimRecord(uid="B", cpus=CPUSet.parse("0-7")))
+                await claims.prepare("B", CPUSet.parse("0-7"))
             else:
-                store.release("B")
+                await claims.unprepare("B")
             start = time.perf_counter()
             failed = await session.update_containers(plugin.shared_pool_updates())
             runs.append(time.perf_counter() - start)
             assert not failed, failed
         print(f"pool_update_1000_ms: {statistics.median(runs) * 1000:.3f}")
-        converge = await _pool_convergence(nursery, sim, state, plugin, session, cgroup_root)
+        converge = await _pool_convergence(nursery, sim, claims, plugin, session, cgroup_root)
         print(f"pool_convergence_1000_ms: {converge['dropped'] * 1000:.3f}")
         print(f"pool_convergence_applied_1000_ms: {converge['applied'] * 1000:.3f}")
         ratio = converge["dropped"] / converge["applied"]
@@ -147,7 +180,7 @@ class _WriteCounter:
 async def _pool_convergence(
     nursery: trio.Nursery,
     sim: RuntimeSimulator,
-    state: NodeState,
+    claims: ExactClaims,
     plugin: NRIPlugin,
     session: NRISession,
     cgroup_root: str,
@@ -157,6 +190,7 @@ async def _pool_convergence(
     the drift watcher (inotify on) running as in the daemon. Returns the median time until
     every cgroup holds the new pool per mode, and the writes per container and change of
     every writer (the runtime's and dracpu's)."""
+    state = claims.state
     writer = _SignallingWriter(cgroup_root)
     timed = _TimedSession(session)
     watcher = DriftWatcher(writer, state.view, interval=10.0)
@@ -183,15 +217,10 @@ async def _pool_convergence(
             mode = "apply" if run % 4 in (0, 3) else "containerd-drop"
             sim.set_update_mode(mode)
             before = sum(sim.tree.write_count(c.cgroups_path) for c in shared)
-            plan = ClaimPlan(
-                record=ClaimRecord(uid=f"C{run}", cpus=CPUSet.parse("8-15"), devices=DEVICE)
-            )
             if run % 2 == 0:
-                state.begin_prepare(plan)
-                state.finish_prepare(plan)
+                await claims.prepare(f"C{run}", CPUSet.parse("8-15"))
             else:
-                state.begin_unprepare(f"C{run - 1}")
-                state.finish_unprepare(f"C{run - 1}")
+                await claims.unprepare(f"C{run - 1}")
             want = state.shared_pool.format()
             start = time.perf_counter()
             # Woken by the writer's pass itself: a polling loop here would take the GIL
@@ -228,9 +257,9 @@ async def _create_round_trips(sock_dir: str, cgroup_root: str, cpus: CPUSet) -> 
     lines = _Lines(child.stdout)
     try:
         await lines.next()  # the runtime's socket is bound
-        store = AllocationStore(cpus, CPUSet())
-        store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
-        plugin = NRIPlugin(NodeState(store))
+        state = NodeState(AllocationStore(cpus, CPUSet()))
+        state.restore([ClaimRecord(uid="A", cpus=CPUSet.parse("0-3"))])  # as after a restart
+        plugin = NRIPlugin(state)
         echo: list[list[float]] = []
         dracpu: list[list[float]] = []
         # Rounds alternate (echo, dracpu, echo, ...) so a machine that gets busier or

@@ -50,7 +50,7 @@ from dracpu.allocation.prepare import (
     PrepareError,
     plan_claim,
 )
-from dracpu.allocation.store import AllocationStore, PreparedDevice
+from dracpu.allocation.store import AllocationStore, PreparedDevice, StoreError
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.connection import GRPCServerConnection
 from dracpu.grpc.events import Event
@@ -300,13 +300,17 @@ def prepare_error(
 
 
 def commit(store: AllocationStore, p: ClaimPlan) -> bool:
-    """A prepare whose files reached the disk: the state owner reserves, then commits.
-    True when the claim was new."""
-    from dracpu.state import NodeState  # the owner is only needed by prepare tests
-
-    state = NodeState(store)
-    new = state.begin_prepare(p)
-    state.finish_prepare(p)
+    """A prepare whose files reached the disk, on the allocation store alone: the plan's
+    claim is reserved as pending, then committed, as ``NodeState.prepare`` does (its steps
+    are private to ``dracpu.state``; tests/state checks them). True when the claim was new;
+    the store's refusal is a ``PrepareError``, as the owner reports it."""
+    if p.already_prepared or p.is_empty:
+        return False
+    try:
+        new = store.reserve(p.record, pending=True)
+    except StoreError as exc:
+        raise PrepareError(str(exc)) from None
+    store.commit(p.claim_uid)
     return new
 
 

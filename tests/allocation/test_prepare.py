@@ -26,7 +26,6 @@ from dracpu.allocation.options import AllocationOptions
 from dracpu.allocation.prepare import PrepareError
 from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
-from dracpu.state import NodeState
 
 # 8 CPUs, 2 sockets = 2 NUMA nodes = 2 L3s; siblings (0,4),(1,5) on socket 0, (2,6),(3,7) on 1.
 TOPO = grid(2, 1, 2, threads=2, cores_per_l3=2)
@@ -317,39 +316,6 @@ def test_grouped_cpuset_overrides_are_ignored_outside_machine_mode() -> None:
 
 
 # -- carrying a plan out with the state owner (§8.6, §8.7) ----------------------------------
-
-
-def test_abort_of_a_new_claim_frees_its_cpus() -> None:
-    st = allocation_store(TOPO)
-    state = NodeState(st)
-    p = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
-    state.begin_prepare(p)
-    state.abort_prepare(p)  # the CDI write failed
-    assert len(st) == 0
-    assert st.shared_pool == cs("0-7")
-
-
-def test_abort_of_a_reprepare_keeps_the_allocation() -> None:
-    st = allocation_store(TOPO)
-    state = NodeState(st)
-    commit(st, plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO))
-    again = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
-    state.begin_prepare(again)
-    state.abort_prepare(again)
-    assert st.cpus_of("u1") == cs("0,4")
-
-
-def test_abort_never_releases_someone_elses_cpus() -> None:
-    st = allocation_store(TOPO)
-    state = NodeState(st)
-    p = plan(claim("u1", result("cpudevnuma000", "2")), NUMA, st, TOPO)
-    state.abort_prepare(p)  # never begun: nothing to undo
-    st.reserve(ClaimRecord(uid="u1", cpus=cs("7")))
-    state.abort_prepare(p)
-    assert st.cpus_of("u1") == cs("7")
-    empty = plan(claim("u1"), NUMA, st, TOPO)
-    state.abort_prepare(empty)
-    assert st.cpus_of("u1") == cs("7")
 
 
 def test_commit_of_a_stale_plan_is_refused_by_the_store() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 import trio
+import trio.testing
 from builders import allocation, device_result, fetch, no_signals, resource_claim
 
 from dracpu.allocation.store import ClaimRecord
@@ -21,6 +22,7 @@ from dracpu.config import DriverConfig
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.app import Daemon
 from dracpu.k8s.client import KubeClient
+from dracpu.messages import ClaimEvent
 from dracpu.nursery import Supervisor
 from dracpu.proto.dra.v1 import api_pb2 as dra_pb
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
@@ -286,7 +288,7 @@ async def test_align_memory_pins_mems_to_the_claims_numa_nodes(short_tmp: str) -
             reg = os.path.join(node.config.kubeletRootDir, "plugins_registry", "dra.cpu-reg.sock")
             info = await trio.to_thread.run_sync(register, reg)
             uid, _ = await node.prepare_claim(info.endpoint, 2)
-            cpus = daemon.state.store.cpus_of(uid).format()  # type: ignore[union-attr]
+            cpus = daemon.state.view.cpus_of(uid).format()  # type: ignore[union-attr]
             await node.runtime.create_pod("p1", "pinned")
             ctr = await node.runtime.create_container("p1", "app", [f"DRA_CPUSET_{uid}={cpus}"])
             await node.runtime.create_pod("p2", "shared")
@@ -413,7 +415,7 @@ async def test_a_claimed_cpu_taken_offline_and_back(short_tmp: str, tmp_path: Pa
             uid, _ = await node.prepare_claim(info.endpoint, 4)
             seen["uid"] = uid
             assert daemon.state is not None and daemon.kubelet is not None
-            cpus = daemon.state.store.cpus_of(uid)
+            cpus = daemon.state.view.cpus_of(uid)
             assert cpus is not None
             victim = seen["victim"] = cpus.max()
             seen["capacity_before"] = capacity()
@@ -472,6 +474,47 @@ def test_a_restart_keeps_a_claim_whose_cpu_is_offline(short_tmp: str, tmp_path: 
     second._build_node()
     second._restore()
     assert second.state is not None
-    assert second.state.store.cpus_of("u1") == CPUSet.parse("39,79")
-    assert second.state.store.offline == CPUSet([79])
-    assert 79 not in second.state.shared_pool and 79 not in second.state.store.free
+    assert second.state.view.cpus_of("u1") == CPUSet.parse("39,79")
+    assert second.state.view.offline == CPUSet([79])
+    assert 79 not in second.state.shared_pool and 79 not in second.state.view.free
+
+
+async def test_receivers_of_the_owner_end_on_their_own_when_the_daemon_stops(
+    short_tmp: str,
+) -> None:
+    """Stopping the daemon closes the owner's channels (its "state" service): a subscriber
+    of claim events gets what was committed, then its loop ends without being cancelled."""
+    node = Node(short_tmp)
+    received: list[ClaimEvent] = []
+    ended = trio.Event()
+
+    async def subscriber(inbox: trio.MemoryReceiveChannel[ClaimEvent]) -> None:
+        async for event in inbox:
+            received.append(event)
+        ended.set()
+
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        daemon = node.daemon()
+        sup = Supervisor()
+        uids: list[str] = []
+
+        async def drive(s: Supervisor) -> None:
+            await daemon.startup(s)
+            assert daemon.state is not None
+            nursery.start_soon(subscriber, daemon.state.claim_events())
+            info = await node.register_until_ready(daemon)
+            uid, reply = await node.prepare_claim(info.endpoint, 2)
+            assert reply.claims[uid].error == ""
+            uids.append(uid)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not ended.is_set()  # running: the subscriber waits for more
+            s.request_stop("test done")
+
+        code = await sup.run_until_signal(drive, signal_receiver=no_signals)
+        assert code == 0, sup.fatal_error
+        with trio.fail_after(10):
+            await ended.wait()
+        nursery.cancel_scope.cancel()
+    assert [(type(e).__name__, e.uid) for e in received] == [("ClaimPrepared", uids[0])]
+    assert sup.status()["state"].state == "stopped"

@@ -12,7 +12,6 @@ import trio
 from builders import FAKE_SYSFS
 from prometheus_client import CollectorRegistry
 
-from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
 from dracpu.cpuset import CPUSet
 from dracpu.daemon.hotplug import HotplugWatcher, SysfsSource, report_health
@@ -88,9 +87,7 @@ def test_report_health_marks_the_devices_of_claims_on_offline_cpus() -> None:
     record = ClaimRecord(
         uid="u1", namespace="default", name="c1", cpus=CPUSet.parse("2-3"), devices=device
     )
-    plan = ClaimPlan(record=record)
-    state.begin_prepare(plan)
-    state.finish_prepare(plan)
+    state.restore([record])  # a prepared claim, as after a restart
     state.set_offline(CPUSet.parse("3"))
     health = HealthService(node_name="node-a", devices=["cpudev001", "cpudev003"])
     registry = CollectorRegistry()

@@ -194,7 +194,7 @@ async def test_a_claim_for_every_published_cpu_leaves_the_kept_core_shared(
         seen["errors"] = [await prepare(endpoint, c) for c in claims]
         seen["pool"] = await settled(daemon, runtime, [shared])
         assert daemon.state is not None
-        seen["claimed"] = daemon.state.store.prepared
+        seen["claimed"] = daemon.state.view.prepared
         seen["shared"] = CPUSet.parse(runtime.cpuset_of(shared))
         seen["sandbox"] = CPUSet.parse(runtime.sandbox_cpuset_of("p-shared"))
         # A new container without a claim still starts, on the kept core.
@@ -267,7 +267,7 @@ async def test_the_kept_core_leaves_claims_an_earlier_dracpu_prepared(short_tmp:
 
     async def drive(daemon: Daemon, endpoint: str) -> None:
         assert daemon.state is not None
-        seen["claims"] = {r.uid: r.cpus.format() for r in daemon.state.store.records()}
+        seen["claims"] = {r.uid: r.cpus.format() for r in daemon.state.view.claims()}
         seen["floor"] = daemon.floor
         seen["pool"] = daemon.state.shared_pool
 

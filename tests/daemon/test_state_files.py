@@ -30,10 +30,12 @@ def state(tmp_path: Path, boot: str = "boot-a") -> CheckpointFile:
 def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -> None:
     cdi_dir = str(tmp_path / "cdi")
     first = state(tmp_path)
-    first.state.store.reserve(
-        ClaimRecord(uid="a", cpus=CPUSet.parse("0-3"), namespace="ns", name="x")
+    first.state.restore(
+        [
+            ClaimRecord(uid="a", cpus=CPUSet.parse("0-3"), namespace="ns", name="x"),
+            ClaimRecord(uid="b", cpus=CPUSet.parse("8")),
+        ]
     )
-    first.state.store.reserve(ClaimRecord(uid="b", cpus=CPUSet.parse("8")))
     first.write()
     cdi.write_claim_spec(cdi_dir, "a", CPUSet.parse("0-3"))
     cdi.write_claim_spec(cdi_dir, "orphan", CPUSet.parse("9"))
@@ -43,7 +45,7 @@ def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -
     second = state(tmp_path)
     plan = second.restore(cdi_dir)
     assert plan.source is RecoverySource.CHECKPOINT
-    assert {r.uid: (r.cpus.format(), r.name) for r in second.state.store.records()} == {
+    assert {r.uid: (r.cpus.format(), r.name) for r in second.state.view.claims()} == {
         "a": ("0-3", "x"),
         "b": ("8", ""),
     }
@@ -52,19 +54,19 @@ def test_checkpoint_round_trip_restores_claims_and_mends_specs(tmp_path: Path) -
         "a": CPUSet.parse("0-3"),
         "b": CPUSet.parse("8"),
     }
-    assert second.state.store.shared_pool == CPUSet.parse("4-7,9-15")
+    assert second.state.view.shared_pool == CPUSet.parse("4-7,9-15")
 
 
 def test_reboot_starts_empty(tmp_path: Path) -> None:
     cdi_dir = str(tmp_path / "cdi")
     old = state(tmp_path, boot="old")
-    old.state.store.reserve(ClaimRecord(uid="a", cpus=CPUSet.parse("0-3")))
+    old.state.restore([ClaimRecord(uid="a", cpus=CPUSet.parse("0-3"))])
     old.write()
     cdi.write_claim_spec(cdi_dir, "a", CPUSet.parse("0-3"))
     new = state(tmp_path, boot="new")
     plan = new.restore(cdi_dir)
     assert plan.source is RecoverySource.REBOOT
-    assert len(new.state.store) == 0
+    assert len(new.state.view.claims()) == 0
     assert cdi.read_claim_specs(cdi_dir).claims == {}
     # The checkpoint now says so too.
     saved = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
@@ -82,7 +84,7 @@ def test_corrupt_checkpoint_is_kept_aside_and_cdi_specs_are_trusted(tmp_path: Pa
     assert plan.notes[0].startswith("checkpoint not used: checkpoint is corrupt: ")
     assert plan.notes[0].endswith(f"(moved to {tmp_path}/state/checkpoint.json.corrupt)")
     assert (tmp_path / "state" / "checkpoint.json.corrupt").read_text().startswith('{"version"')
-    assert {r.uid: r.cpus for r in st.state.store.records()} == {"a": CPUSet.parse("2-3")}
+    assert {r.uid: r.cpus for r in st.state.view.claims()} == {"a": CPUSet.parse("2-3")}
 
 
 def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders import claim, commit, plan, prepare_error, result
+from owner_steps import prepare as prepare_claim
 
 from dracpu.allocation.store import AllocationStore
 from dracpu.cpuset import CPUSet
@@ -38,20 +39,20 @@ def test_individual_devices_resolve_to_their_cpus() -> None:
     assert plan(claim("i", *results), inv, store, topo).cpus == CPUSet.parse("0,40")
 
 
-def test_grouped_claims_take_isolated_cpus_first_and_keep_the_pool() -> None:
+async def test_grouped_claims_take_isolated_cpus_first_and_keep_the_pool() -> None:
     """isolated-rt: 0-1,8-9 are the only CPUs with load balancing; 12 are isolated."""
     topo = discover_from_root(XEON_SNC.parent / "isolated-rt")
     inv = build_inventory(topo, DeviceSettings())
     state = NodeState(AllocationStore(topo.all_cpus, CPUSet(), topo.isolated))
+    state.use_topology(topo, inv, topo.online)
 
-    def prepare(uid: str, count: str) -> CPUSet:
-        p = plan(claim(uid, result("cpudevnuma000", count)), inv, state.store, topo)
-        state.begin_prepare(p)
-        state.finish_prepare(p)
-        return p.cpus
+    async def prepare(uid: str, count: str) -> CPUSet:
+        outcome = await prepare_claim(state, claim(uid, result("cpudevnuma000", count)))
+        assert outcome.plan is not None and outcome.new
+        return outcome.plan.cpus
 
-    assert prepare("a", "2") == CPUSet.parse("2,10")  # isolated CPUs first
-    assert prepare("b", "10") == CPUSet.parse("3-7,11-15")  # the rest of them
+    assert await prepare("a", "2") == CPUSet.parse("2,10")  # isolated CPUs first
+    assert await prepare("b", "10") == CPUSet.parse("3-7,11-15")  # the rest of them
     assert state.shared_pool == CPUSet.parse("0-1,8-9")  # the pool keeps balanced CPUs
-    assert prepare("c", "2") == CPUSet.parse("0,8")  # no isolated CPU left: balanced ones
+    assert await prepare("c", "2") == CPUSet.parse("0,8")  # no isolated CPU left: balanced ones
     assert state.shared_pool == CPUSet.parse("1,9")

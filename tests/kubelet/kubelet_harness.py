@@ -37,7 +37,7 @@ from dracpu.messages import SharedPoolChanged
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from dracpu.state import CheckpointFile, NodeState
+from dracpu.state import CheckpointFile, NodeState, NodeView
 from dracpu.topology.model import Topology
 
 VERSIONS: dict[str, ModuleType] = {"v1": dra_v1, "v1beta1": dra_v1beta1}
@@ -57,8 +57,8 @@ class Node:
     published: list[str] = field(default_factory=list)
 
     @property
-    def store(self) -> AllocationStore:
-        return self.state.store
+    def view(self) -> NodeView:
+        return self.state.view
 
     @property
     def changes(self) -> list[str]:

@@ -24,7 +24,7 @@ async def test_committed_prepares_and_unprepares_are_told(cdi_dir: str) -> None:
     node.claims.put(claim("o1", result("cpudevnuma000", 2, share_id=SHARE), name="web"))
     ref = ClaimRef(namespace="default", name="web", uid="o1")
     assert (await service.prepare([ref]))["o1"].error == ""
-    record = node.store.get("o1")
+    record = node.view.claim("o1")
     assert record is not None
     assert told == [
         ClaimPrepared(

@@ -87,7 +87,7 @@ async def test_prepare_reads_the_claim_from_the_api(
     assert [(d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in devices] == [
         (NODE, "cpudevnuma002", [f"dra.k8s.io/cpu=claim-{uid}"])
     ]
-    cpus = node.store.cpus_of(uid)
+    cpus = node.view.cpus_of(uid)
     assert cpus is not None and len(cpus) == 6 and cpus <= node.inventory.cpus_of("cpudevnuma002")
     assert (missing.code(), missing.details()) == (
         grpc.StatusCode.UNKNOWN,

@@ -43,12 +43,12 @@ def _prepare_all(channel: grpc.Channel, claims: list[ClaimAllocation]) -> list[A
 def _assert_disjoint(node: Node) -> CPUSet:
     union = CPUSet()
     total = 0
-    for record in node.store.records():
+    for record in node.view.claims():
         union |= record.cpus
         total += len(record.cpus)
     assert len(union) == total, "a CPU was given to two claims"
-    assert union <= node.store.available
-    assert read_claim_specs(node.cdi_dir).claims == {r.uid: r.cpus for r in node.store.records()}
+    assert union <= node.view.allocatable
+    assert read_claim_specs(node.cdi_dir).claims == {r.uid: r.cpus for r in node.view.claims()}
     return union
 
 
@@ -71,7 +71,7 @@ async def test_100_concurrent_prepares_grouped(nursery: trio.Nursery, cdi_dir: s
     assert not union & CPUSet.parse("0-1")
     for c in ok:
         group = node.inventory.cpus_of(c.results[0].device)
-        cpus = node.store.cpus_of(c.uid)
+        cpus = node.view.cpus_of(c.uid)
         assert cpus is not None and cpus <= group
 
 
@@ -110,7 +110,7 @@ async def test_concurrent_prepare_and_unprepare_cycles(nursery: trio.Nursery, cd
     async with serving(nursery, node.service) as (_, ch), trio.open_nursery() as clients:
         for c in claims:
             clients.start_soon(in_thread, lambda c=c: cycle(ch, c))
-    assert len(node.store) == 0
+    assert len(node.view.claims()) == 0
     assert os.listdir(cdi_dir) == []
     assert node.metric("dra_cpu_allocated_cpus") == 0
     assert node.metric("dra_cpu_available_cpus") == 80
@@ -150,7 +150,7 @@ async def test_deadline_exceeded_changes_nothing(nursery: trio.Nursery, cdi_dir:
         assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         with trio.fail_after(5):
             await source.cancelled.wait()
-        assert len(node.store) == 0
+        assert len(node.view.claims()) == 0
         source.release.set()
         reply = await in_thread(lambda: prepare_stub(ch)(prepare_request("v1", slow), timeout=5))
         assert reply.claims["slow"].error == ""
@@ -170,7 +170,7 @@ async def test_client_cancel_cancels_the_prepare(nursery: trio.Nursery, cdi_dir:
         assert future.cancel()
         with trio.fail_after(5):
             await source.cancelled.wait()
-        assert len(node.store) == 0
+        assert len(node.view.claims()) == 0
         # The lock was never taken, so the next call goes through.
         other = claim("other", result("cpudevnuma001", 1))
         source.put(other)
@@ -180,7 +180,7 @@ async def test_client_cancel_cancels_the_prepare(nursery: trio.Nursery, cdi_dir:
 
 def failing_write(calls: list[int], node: Node, errno: int, text: str) -> Any:
     def write(path: str, data: bytes, **kw: Any) -> None:
-        calls.append(len(node.store.durable_records()))
+        calls.append(len(node.view.durable_claims()))
         raise OSError(errno, text)
 
     return write
@@ -203,8 +203,8 @@ async def test_persist_failure_rolls_back(nursery: trio.Nursery, cdi_dir: str) -
     )
     assert results["p1"].devices == ()
     assert calls == [1]  # the checkpoint would have held the pending claim
-    assert len(node.store) == 0
-    assert node.store.durable_records() == []
+    assert len(node.view.claims()) == 0
+    assert node.view.durable_claims() == []
     assert not os.path.exists(claim_spec_path(cdi_dir, "p1"))
     assert node.changes == []
     assert node.metric("dra_cpu_prepare_claims_total", result="error") == 1
@@ -227,19 +227,19 @@ async def test_persist_failure_on_unprepare_keeps_the_claim(
     node.claims.put(c)
     ref = ClaimRef(namespace="default", name="web", uid="p2")
     assert (await node.service.prepare([ref]))["p2"].error == ""
-    cpus = node.store.cpus_of("p2")
+    cpus = node.view.cpus_of("p2")
     fail = True
     results = await node.service.unprepare([ref])
     assert results["p2"].error == (
         "failed to record claim default/web: failed to write checkpoint "
         f'"{state_dir}/checkpoint.json": Input/output error'
     )
-    assert node.store.cpus_of("p2") == cpus
-    assert [r.uid for r in node.store.durable_records()] == ["p2"]
+    assert node.view.cpus_of("p2") == cpus
+    assert [r.uid for r in node.view.durable_claims()] == ["p2"]
     assert read_claim_specs(cdi_dir).claims == {"p2": cpus}
     fail = False
     assert (await node.service.unprepare([ref]))["p2"].error == ""
-    assert len(node.store) == 0
+    assert len(node.view.claims()) == 0
     on_disk = decode_checkpoint(Path(state_dir, "checkpoint.json").read_bytes())
     assert on_disk.claims == ()
 
@@ -265,7 +265,7 @@ async def test_cancelled_during_persist_still_commits(nursery: trio.Nursery, cdi
         n.cancel_scope.cancel()  # the caller goes away mid-commit
         release.set()
     # The shielded commit finished: memory, disk and the checkpoint agree.
-    cpus = node.store.cpus_of("p3")
+    cpus = node.view.cpus_of("p3")
     assert cpus is not None and len(cpus) == 2
     assert read_claim_specs(cdi_dir).claims == {"p3": cpus}
     on_disk = decode_checkpoint(Path(state_dir, "checkpoint.json").read_bytes())
@@ -285,7 +285,7 @@ async def test_file_io_inline_or_in_a_thread(offload_io: bool | None) -> None:
         assert (await node.service.prepare([ref]))["io-1"].error == ""
         if offload_io is None and base is not None:
             assert node.service._offload_io is False
-        assert read_claim_specs(cdi_dir).claims == {"io-1": node.store.cpus_of("io-1")}
+        assert read_claim_specs(cdi_dir).claims == {"io-1": node.view.cpus_of("io-1")}
         assert (await node.service.unprepare([ref]))["io-1"].error == ""
         assert os.listdir(cdi_dir) == []
     finally:

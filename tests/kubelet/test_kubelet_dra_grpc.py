@@ -70,7 +70,7 @@ async def test_prepare_grouped_claim(node: Node, channel: grpc.Channel, version:
     assert reply == pb.NodePrepareResourcesResponse(
         claims={UID_A: pb.NodePrepareResourceResponse(devices=[first, second])}
     )
-    cpus = node.store.cpus_of(UID_A)
+    cpus = node.view.cpus_of(UID_A)
     assert cpus is not None and len(cpus) == 3
     assert cpus <= node.inventory.cpus_of("cpudevnuma001")
     assert spec_cpus(node, UID_A) == cpus
@@ -79,7 +79,7 @@ async def test_prepare_grouped_claim(node: Node, channel: grpc.Channel, version:
     assert node.metric("dra_cpu_allocated_cpus") == 3
     assert node.metric("dra_cpu_available_cpus") == 125
     assert node.metric("dra_cpu_resource_claims_active") == 1
-    assert node.changes == [node.store.shared_pool.format()]
+    assert node.changes == [node.view.shared_pool.format()]
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
@@ -101,13 +101,13 @@ async def test_unprepare_releases_cpus_and_removes_spec(
             "never-prepared": pb.NodeUnprepareResourceResponse(),
         }
     )
-    assert UID_A not in node.store
-    assert node.store.shared_pool == node.topology.all_cpus
+    assert not node.view.has_claim(UID_A)
+    assert node.view.shared_pool == node.topology.all_cpus
     assert not os.path.exists(claim_spec_path(node.cdi_dir, UID_A))
     assert node.metric("dra_cpu_unprepare_claims_total", result="success") == 2
     assert node.metric("dra_cpu_allocated_cpus") == 0
     assert len(node.changes) == 2
-    assert node.changes[-1] == node.store.shared_pool.format()
+    assert node.changes[-1] == node.view.shared_pool.format()
     # Unpreparing again is still fine.
     again = await in_thread(lambda: unprepare_stub(channel, version)(unprepare_request(version, c)))
     assert again.claims[UID_A].error == ""
@@ -118,11 +118,11 @@ async def test_idempotent_replay_returns_same_cpus(node: Node, channel: grpc.Cha
     node.claims.put(c)
     stub = prepare_stub(channel)
     first = await in_thread(lambda: stub(prepare_request("v1", c)))
-    cpus = node.store.cpus_of(UID_A)
+    cpus = node.view.cpus_of(UID_A)
     os.unlink(claim_spec_path(node.cdi_dir, UID_A))  # a replay restores a deleted spec
     second = await in_thread(lambda: stub(prepare_request("v1", c)))
     assert second == first
-    assert node.store.cpus_of(UID_A) == cpus
+    assert node.view.cpus_of(UID_A) == cpus
     assert spec_cpus(node, UID_A) == cpus
     assert sorted(os.listdir(node.cdi_dir)) == [f"dra.k8s.io-cpu_claim-{UID_A}.json"]
     assert node.metric("dra_cpu_prepare_claims_total", result="success") == 2
@@ -135,12 +135,12 @@ async def test_replay_after_restart_from_cdi_specs(nursery: trio.Nursery, node: 
     node.claims.put(a)
     async with serving(nursery, node.service) as (_, ch):
         before = await in_thread(lambda: prepare_stub(ch)(prepare_request("v1", a)))
-    cpus_a = node.store.cpus_of(UID_A)
+    cpus_a = node.view.cpus_of(UID_A)
     assert cpus_a is not None
     # The daemon restarts: a fresh store rebuilt from the specs on disk, a new service.
     scan = read_claim_specs(node.cdi_dir)
     assert scan.errors == []
-    store = AllocationStore(node.store.available, node.store.reserved)
+    store = AllocationStore(node.view.allocatable, node.view.reserved)
     for uid, cpus in scan.claims.items():
         assert store.reserve(ClaimRecord(uid=uid, cpus=cpus))
     node.restart(store)
@@ -150,9 +150,9 @@ async def test_replay_after_restart_from_cdi_specs(nursery: trio.Nursery, node: 
         after = await in_thread(lambda: prepare_stub(ch)(prepare_request("v1", a)))
         reply_b = await in_thread(lambda: prepare_stub(ch)(prepare_request("v1", b)))
     assert after == before
-    assert node.store.cpus_of(UID_A) == cpus_a
+    assert node.view.cpus_of(UID_A) == cpus_a
     assert reply_b.claims[UID_B].error == ""
-    cpus_b = node.store.cpus_of(UID_B)
+    cpus_b = node.view.cpus_of(UID_B)
     assert cpus_b is not None and cpus_b.isdisjoint(cpus_a)
     assert cpus_a | cpus_b == node.inventory.cpus_of("cpudevnuma003")
 
@@ -186,7 +186,7 @@ async def test_unreadable_claim_fails_the_whole_call(
         )
     )
     assert (err.code(), err.details()) == (grpc.StatusCode.UNKNOWN, message)
-    assert len(node.store) == 0  # the readable claim before it was not prepared either
+    assert len(node.view.claims()) == 0  # the readable claim before it was not prepared either
     assert os.listdir(node.cdi_dir) == []
 
 
@@ -210,7 +210,7 @@ async def test_allocation_errors_are_per_claim(node: Node, channel: grpc.Channel
     }
     assert len(reply.claims["fine"].devices) == 1
     assert list(reply.claims["nothing"].devices) == []
-    assert [r.uid for r in node.store.records()] == ["fine"]
+    assert [r.uid for r in node.view.claims()] == ["fine"]
     assert os.listdir(node.cdi_dir) == ["dra.k8s.io-cpu_claim-fine.json"]
     assert node.metric("dra_cpu_prepare_claims_total", result="error") == 3
     assert node.metric("dra_cpu_prepare_claims_total", result="success") == 2
@@ -224,7 +224,7 @@ async def test_invalid_claim_uid_is_a_claim_error(node: Node, channel: grpc.Chan
     assert reply.claims["../../etc/x"].error == (
         "invalid claim UID \"../../etc/x\": must not contain '/', '..' or NUL"
     )
-    assert len(node.store) == 0
+    assert len(node.view.claims()) == 0
     done = await in_thread(lambda: unprepare_stub(channel)(unprepare_request("v1", c), timeout=5))
     assert done.claims["../../etc/x"].error == ""
 
@@ -240,8 +240,8 @@ async def test_cdi_write_failure_rolls_back_new_claim(node: Node, channel: grpc.
     assert error.startswith(f'failed to write CDI spec "{blocker}": ')
     assert "Is a directory" in error or "Directory not empty" in error
     assert list(reply.claims[UID_A].devices) == []
-    assert len(node.store) == 0
-    assert node.store.shared_pool == node.topology.all_cpus
+    assert len(node.view.claims()) == 0
+    assert node.view.shared_pool == node.topology.all_cpus
     assert os.listdir(node.cdi_dir) == [os.path.basename(blocker)]  # no temp file left
     assert node.metric("dra_cpu_claim_allocated_cpus_count") == 0
     assert node.changes == []
@@ -251,13 +251,13 @@ async def test_cdi_write_failure_keeps_prepared_claim(node: Node, channel: grpc.
     c = claim(UID_A, result("cpudevnuma000", 2))
     node.claims.put(c)
     await in_thread(lambda: prepare_stub(channel)(prepare_request("v1", c), timeout=5))
-    cpus = node.store.cpus_of(UID_A)
+    cpus = node.view.cpus_of(UID_A)
     path = claim_spec_path(node.cdi_dir, UID_A)
     os.unlink(path)
     os.makedirs(os.path.join(path, "x"))
     reply = await in_thread(lambda: prepare_stub(channel)(prepare_request("v1", c), timeout=5))
     assert reply.claims[UID_A].error.startswith(f'failed to write CDI spec "{path}": ')
-    assert node.store.cpus_of(UID_A) == cpus  # §8.6: the stored allocation is kept
+    assert node.view.cpus_of(UID_A) == cpus  # §8.6: the stored allocation is kept
 
 
 async def test_cdi_remove_failure_keeps_allocation(node: Node, channel: grpc.Channel) -> None:
@@ -269,7 +269,7 @@ async def test_cdi_remove_failure_keeps_allocation(node: Node, channel: grpc.Cha
     os.makedirs(os.path.join(path, "x"))
     reply = await in_thread(lambda: unprepare_stub(channel)(unprepare_request("v1", c), timeout=5))
     assert reply.claims[UID_A].error.startswith(f'failed to remove CDI spec "{path}": ')
-    assert UID_A in node.store
+    assert node.view.has_claim(UID_A)
     assert node.metric("dra_cpu_unprepare_claims_total", result="error") == 1
 
 

@@ -48,7 +48,7 @@ async def test_concurrent_calls_share_checkpoint_writes(
             calls.start_soon(prepare, ref)
     assert errors == [""] * CALLS
     prepared = writes[:]
-    held = [node.store.cpus_of(ref.uid) for ref in refs]
+    held = [node.view.cpus_of(ref.uid) for ref in refs]
     union = CPUSet()
     for cpus in held:
         assert cpus is not None and len(cpus) == 2 and union.isdisjoint(cpus)
@@ -64,5 +64,5 @@ async def test_concurrent_calls_share_checkpoint_writes(
         for ref in refs:
             calls.start_soon(unprepare, ref)
     assert errors == [""] * CALLS
-    assert len(node.store) == 0
+    assert len(node.view.claims()) == 0
     assert 1 <= len(writes) - len(prepared) <= CALLS // 2

@@ -106,7 +106,7 @@ async def test_prepare_reply_and_files_match_section_20(
     ]
     # Both ids resolve the way a runtime resolves them.
     assert device_env(cdi_dir, list(reply.claims["uid-1"].devices[0].cdi_device_ids)) == [
-        "DRA_CPUSET_uid-1=" + str(node.store.cpus_of("uid-1"))
+        "DRA_CPUSET_uid-1=" + str(node.view.cpus_of("uid-1"))
     ]
 
 

@@ -61,7 +61,7 @@ async def prepare_blocked(
 
     nursery.start_soon(run)
     await trio.to_thread.run_sync(write.entered.wait, 10)
-    (pending,) = node.store.durable_records()
+    (pending,) = node.view.durable_claims()
     assert os.path.exists(claim_spec_path(cdi_dir, uid))  # the spec is written already
     return ref, pending.cpus.format(), results
 
@@ -81,18 +81,18 @@ async def test_create_container_during_the_fsync_is_not_pinned_to_rolled_back_cp
         plugin.create_container(pod, container)
     # A shared container created meanwhile is not confined away from CPUs nobody holds.
     shared = nri_container("p1", "s1", name="side")
-    assert plugin.create_container(pod, shared).cpus == node.store.shared_pool
-    assert node.store.shared_pool == node.store.available
+    assert plugin.create_container(pod, shared).cpus == node.view.shared_pool
+    assert node.view.shared_pool == node.view.allocatable
 
     write.release.set()
     while not results:
         await trio.sleep(0.01)
     assert results[0][ref.uid].error.startswith("failed to record claim default/web: ")
     # Rolled back, and nothing was ever pinned to its CPUs.
-    assert len(node.store) == 0 and node.store.durable_records() == []
+    assert len(node.view.claims()) == 0 and node.view.durable_claims() == []
     assert not os.path.exists(claim_spec_path(cdi_dir, "half"))
     assert [i.container_id for i in plugin.intents()] == ["s1"]
-    assert node.state.tracker.owners() == {}
+    assert node.view.owners() == {}
     assert node.changes == []  # the shared pool never changed
 
 
@@ -107,15 +107,15 @@ async def test_claim_becomes_visible_only_after_its_checkpoint(
     with pytest.raises(NRIPluginError, match="not prepared by this driver"):
         plugin.create_container(pod, container)
     # Another prepare cannot take the pending claim's CPUs either.
-    assert not node.store.free & node.store.durable_records()[0].cpus
+    assert not node.view.free & node.view.durable_claims()[0].cpus
 
     write.release.set()
     while not results:
         await trio.sleep(0.01)
     assert results[0][ref.uid].error == ""
-    assert node.store.cpus_of("slow") is not None
+    assert node.view.cpus_of("slow") is not None
     assert plugin.create_container(pod, container).cpus.format() == cpus
-    assert node.changes == [node.store.shared_pool.format()]
+    assert node.changes == [node.view.shared_pool.format()]
 
 
 async def _settled(results: list[Any], count: int) -> None:
@@ -143,8 +143,8 @@ async def test_a_second_prepare_of_the_claim_waits_for_the_first_to_be_durable(
     await _settled(second, 1)
     assert first[0][ref.uid].error == second[0][ref.uid].error == ""
     assert first[0][ref.uid].devices == second[0][ref.uid].devices
-    assert node.store.cpus_of("twice") == node.store.durable_records()[0].cpus
-    assert node.store.cpus_of("twice").format() == cpus  # one reservation, not two
+    assert node.view.cpus_of("twice") == node.view.durable_claims()[0].cpus
+    assert node.view.cpus_of("twice").format() == cpus  # one reservation, not two
 
 
 async def test_an_unprepare_during_the_prepare_waits_and_then_releases_the_claim(
@@ -168,5 +168,5 @@ async def test_an_unprepare_during_the_prepare_waits_and_then_releases_the_claim
     await _settled(prepared, 1)
     await _settled(unprepared, 1)
     assert prepared[0][ref.uid].error == "" and unprepared[0][ref.uid].error == ""
-    assert len(node.store) == 0 and node.store.durable_records() == []
+    assert len(node.view.claims()) == 0 and node.view.durable_claims() == []
     assert not os.path.exists(claim_spec_path(cdi_dir, "gone"))

@@ -13,13 +13,13 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ClaimTracker, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cdi import write_claim_spec
 from dracpu.cpuset import CPUSet
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.plugin import NRIPlugin
 from dracpu.nri.session import NRISession
-from dracpu.state import NodeState
+from dracpu.state import NodeState, NodeView
 from dracpu_sim.runtime import RuntimeSimulator
 
 
@@ -34,20 +34,12 @@ class SimNode:
     nursery: trio.Nursery | None = None
 
     @property
-    def store(self) -> AllocationStore:
-        return self.state.store
-
-    @property
-    def tracker(self) -> ClaimTracker:
-        return self.state.tracker
-
-    @property
-    def containers(self) -> ContainerState:
-        return self.state.containers
+    def view(self) -> NodeView:
+        return self.state.view
 
     def prepare(self, uid: str, cpus: str) -> None:
-        """A prepared claim: in the store and with its CDI spec on disk."""
-        self.store.reserve(ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus)))
+        """A prepared claim (restored, as at start-up) with its CDI spec on disk."""
+        self.state.restore([ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus))])
         write_claim_spec(self.cdi_dir, uid, CPUSet.parse(cpus))
 
     def start_session(self) -> None:

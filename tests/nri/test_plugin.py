@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 from builders import cs, nri_container, nri_pod
+from owner_steps import unprepare
 
 from dracpu.allocation.options import AllocationOptions
 from dracpu.allocation.store import AllocationStore, ClaimRecord, Owner
@@ -34,9 +35,7 @@ class Node:
         mems_of: Callable[[CPUSet], str] | None = None,
     ):
         self.state = NodeState(AllocationStore(available, reserved), mems_of=mems_of)
-        self.store = self.state.store
-        self.tracker = self.state.tracker
-        self.containers = self.state.containers
+        self.view = self.state.view
         self.cdi: dict[str, CPUSet] = {}
         self.cdi_reads = 0
         self.plugin = NRIPlugin(self.state)
@@ -52,7 +51,7 @@ class Node:
         return self.plugin.synchronize(pods, containers, cdi)
 
     def prepare(self, uid: str, cpus: str) -> None:
-        self.store.reserve(ClaimRecord(uid=uid, cpus=cs(cpus)))
+        self.state.restore([ClaimRecord(uid=uid, cpus=cs(cpus))])
 
 
 def pairs(updates: list[ContainerIntent]) -> list[tuple[str, str]]:
@@ -67,7 +66,7 @@ def test_row1_nothing_prepared_shared_container_gets_all_cpus() -> None:
     decision = node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "c1"))
     assert decision.cpus == ALL
     assert decision.updates == []
-    assert node.containers.shared_container_ids() == ["c1"]
+    assert node.view.shared_container_ids() == ["c1"]
 
 
 def test_row2_shared_container_gets_pool_without_claimed_cpus() -> None:
@@ -87,7 +86,7 @@ def test_row3_guaranteed_container_alone() -> None:
     assert decision.cpus == cs("0-3")
     assert decision.updates == []
     assert decision.mems == ""
-    assert node.tracker.owner_of("A") == Owner("p1", "app")
+    assert node.view.owner_of("A") == Owner("p1", "app")
 
 
 def test_row4_guaranteed_container_shrinks_shared_containers() -> None:
@@ -118,8 +117,8 @@ def test_row5_claim_not_prepared() -> None:
         node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "c1", "DRA_CPUSET_A=0-3"))
     assert str(err.value) == 'claim "A" is not prepared by this driver'
     # The owner bound before validation is released again; nothing is recorded.
-    assert node.tracker.owner_of("A") is None
-    assert len(node.containers) == 0
+    assert node.view.owner_of("A") is None
+    assert len(node.view.containers()) == 0
 
 
 def test_row6_cpuset_mismatch_is_refused() -> None:
@@ -130,7 +129,7 @@ def test_row6_cpuset_mismatch_is_refused() -> None:
     assert str(err.value) == (
         'validation failed for claim "A": cpuset mismatch (expected "0-1", got "0-3")'
     )
-    assert node.tracker.owner_of("A") is None
+    assert node.view.owner_of("A") is None
 
 
 # -- env and security -------------------------------------------------------------------------
@@ -152,7 +151,7 @@ def test_malformed_env_fails_creation_of_any_container(entry: str, message: str)
     with pytest.raises(NRIPluginError) as err:
         node.plugin.create_container(nri_pod("p1"), ctr("p1", "besteffort", "c1", entry))
     assert str(err.value).startswith(message)
-    assert len(node.containers) == 0
+    assert len(node.view.containers()) == 0
 
 
 def test_dra_cpusetx_key_is_not_a_claim() -> None:
@@ -178,7 +177,7 @@ def test_empty_shared_pool_fails_closed_for_shared_containers() -> None:
     with pytest.raises(NRIPluginError) as err:
         node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "c1"))
     assert str(err.value) == EMPTY_SHARED_POOL
-    assert len(node.containers) == 0
+    assert len(node.view.containers()) == 0
     # The claim holder itself is still created.
     decision = node.plugin.create_container(
         nri_pod("p2"), ctr("p2", "app", "g1", "DRA_CPUSET_A=0-7")
@@ -228,7 +227,7 @@ def test_restarted_container_keeps_its_claim_and_sends_no_updates() -> None:
     first = node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "g1", "DRA_CPUSET_A=0-1"))
     assert pairs(first.updates) == [("s1", "2-7")]
     assert node.plugin.stop_container(nri_pod("p1"), ctr("p1", "app", "g1")) is not None
-    assert node.tracker.owner_of("A") == Owner("p1", "app")
+    assert node.view.owner_of("A") == Owner("p1", "app")
     again = node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
     assert again.cpus == cs("0-1")
     assert again.updates == []
@@ -241,26 +240,26 @@ def test_stale_stop_and_remove_after_new_create_are_ignored() -> None:
     node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "g2", "DRA_CPUSET_A=0-1"))
     assert node.plugin.stop_container(nri_pod("p1"), ctr("p1", "app", "g1")) is None
     assert node.plugin.remove_container(nri_pod("p1"), ctr("p1", "app", "g1")) is None
-    record = node.containers.get("p1", "app")
+    record = node.view.container_of("p1", "app")
     assert record is not None and record.container_id == "g2"
     removed = node.plugin.remove_container(nri_pod("p1"), ctr("p1", "app", "g2"))
     assert removed is not None and removed.claim_uids == ("A",)
-    assert node.store.cpus_of("A") == cs("0-1")  # only Unprepare releases CPUs
+    assert node.view.cpus_of("A") == cs("0-1")  # only Unprepare releases CPUs
 
 
 def test_shared_container_replaced_by_new_id_leaves_shared_set() -> None:
     node = Node()
     node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "c1"))
     node.plugin.create_container(nri_pod("p1"), ctr("p1", "app", "c2"))
-    assert node.containers.shared_container_ids() == ["c2"]
+    assert node.view.shared_container_ids() == ["c2"]
 
 
-def test_shared_pool_updates_after_unprepare() -> None:
+async def test_shared_pool_updates_after_unprepare() -> None:
     node = Node()
     node.prepare("A", "0-3")
     node.plugin.create_container(nri_pod("p0"), ctr("p0", "s1", "s1"))
     node.plugin.create_container(nri_pod("p0"), ctr("p0", "s2", "s2"))
-    node.store.release("A")
+    await unprepare(node.state, "A")
     assert pairs(node.plugin.shared_pool_updates()) == [("s1", "0-7"), ("s2", "0-7")]
     node.prepare("B", "0-7")
     assert node.plugin.shared_pool_updates() == []
@@ -280,8 +279,8 @@ def test_sync_example_rebuilds_from_cdi() -> None:
     ]
     updates = node.synchronize(pods, containers)
     assert pairs(updates) == [("p1-g", "0-1"), ("p1-s", "2-7"), ("p2-s", "2-7")]
-    assert node.store.cpus_of("A") == cs("0-1")
-    assert node.tracker.owner_of("A") == Owner("p1", "g")
+    assert node.view.cpus_of("A") == cs("0-1")
+    assert node.view.owner_of("A") == Owner("p1", "g")
     assert node.cdi_reads == 1
     assert not updates[0].ignore_failure
 
@@ -290,8 +289,8 @@ def test_sync_claim_without_cdi_spec_is_shared() -> None:
     node = Node()
     updates = node.synchronize([nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1")])
     assert pairs(updates) == [("c1", "0-7")]
-    assert "A" not in node.store
-    assert node.containers.shared_container_ids() == ["c1"]
+    assert not node.view.has_claim("A")
+    assert node.view.shared_container_ids() == ["c1"]
 
 
 def test_sync_malformed_env_gets_no_update() -> None:
@@ -300,7 +299,7 @@ def test_sync_malformed_env_gets_no_update() -> None:
         [nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=a-b"), ctr("p1", "s", "c2")]
     )
     assert pairs(updates) == [("c2", "0-7")]
-    assert node.containers.get("p1", "g") is None
+    assert node.view.container_of("p1", "g") is None
 
 
 def test_sync_ignores_containers_of_unknown_pods() -> None:
@@ -314,8 +313,8 @@ def test_sync_keeps_prepared_claims_not_yet_running() -> None:
     node.plugin.create_container(nri_pod("p0"), ctr("p0", "old", "gone"))
     updates = node.synchronize([nri_pod("p1")], [ctr("p1", "s", "c1")])
     assert pairs(updates) == [("c1", "2-7")]
-    assert node.store.cpus_of("A") == cs("0-1")
-    assert [r.container_id for r in node.containers] == ["c1"]  # rebuilt from the runtime
+    assert node.view.cpus_of("A") == cs("0-1")
+    assert [r.container_id for r in node.view.containers()] == ["c1"]  # rebuilt from the runtime
     decision = node.plugin.create_container(nri_pod("p2"), ctr("p2", "g", "g1", "DRA_CPUSET_A=0-1"))
     assert decision.cpus == cs("0-1")
 
@@ -326,8 +325,8 @@ def test_sync_env_disagreeing_with_store_is_forged_and_confined() -> None:
     node.cdi = {"A": cs("0-3")}
     updates = node.synchronize([nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3")])
     assert pairs(updates) == [("c1", "2-7")]
-    assert node.tracker.owner_of("A") is None
-    assert node.store.cpus_of("A") == cs("0-1")
+    assert node.view.owner_of("A") is None
+    assert node.view.cpus_of("A") == cs("0-1")
 
 
 def test_sync_env_disagreeing_with_cdi_is_confined() -> None:
@@ -337,7 +336,7 @@ def test_sync_env_disagreeing_with_cdi_is_confined() -> None:
         [nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-3", "DRA_CPUSET_B=4")]
     )
     assert pairs(updates) == [("c1", "0-7")]
-    assert "A" not in node.store
+    assert not node.view.has_claim("A")
 
 
 def test_sync_same_claim_in_two_containers_confines_the_second() -> None:
@@ -348,7 +347,7 @@ def test_sync_same_claim_in_two_containers_confines_the_second() -> None:
         [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1"), ctr("p2", "x", "c2", "DRA_CPUSET_A=0-1")],
     )
     assert pairs(updates) == [("c1", "0-1"), ("c2", "2-7")]
-    assert node.tracker.owner_of("A") == Owner("p1", "g")
+    assert node.view.owner_of("A") == Owner("p1", "g")
 
 
 def test_sync_cdi_claim_overlapping_held_cpus_is_confined() -> None:
@@ -357,7 +356,7 @@ def test_sync_cdi_claim_overlapping_held_cpus_is_confined() -> None:
     node.cdi = {"B": cs("1-2")}
     updates = node.synchronize([nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_B=1-2")])
     assert pairs(updates) == [("c1", "2-7")]
-    assert "B" not in node.store
+    assert not node.view.has_claim("B")
 
 
 def test_sync_two_cdi_claims_of_one_container_that_overlap_are_refused() -> None:
@@ -367,7 +366,7 @@ def test_sync_two_cdi_claims_of_one_container_that_overlap_are_refused() -> None
         [nri_pod("p1")], [ctr("p1", "g", "c1", "DRA_CPUSET_A=0-1", "DRA_CPUSET_B=1-2")]
     )
     assert pairs(updates) == [("c1", "0-7")]
-    assert len(node.store) == 0
+    assert len(node.view.claims()) == 0
 
 
 def test_sync_rebuilds_owners_of_stopped_claim_holders() -> None:
@@ -375,12 +374,12 @@ def test_sync_rebuilds_owners_of_stopped_claim_holders() -> None:
     node.prepare("A", "0-1")
     node.plugin.create_container(nri_pod("p1"), ctr("p1", "g", "g1", "DRA_CPUSET_A=0-1"))
     node.synchronize([nri_pod("p1")], [])
-    assert node.tracker.owners() == {}
-    assert len(node.containers) == 0
-    assert node.store.cpus_of("A") == cs("0-1")
+    assert node.view.owners() == {}
+    assert len(node.view.containers()) == 0
+    assert node.view.cpus_of("A") == cs("0-1")
 
 
-def test_intents_cover_every_container() -> None:
+async def test_intents_cover_every_container() -> None:
     node = Node()
     node.prepare("A", "0-1")
     node.plugin.create_container(nri_pod("p1"), ctr("p1", "g", "g1", "DRA_CPUSET_A=0-1"))
@@ -389,7 +388,7 @@ def test_intents_cover_every_container() -> None:
         ("g1", "0-1", "/kubepods/podp1/g1"),
         ("s1", "2-7", "/kubepods/podp1/s1"),
     ]
-    node.store.release("A")  # claim holder whose claim is gone follows the pool
+    await unprepare(node.state, "A")  # claim holder whose claim is gone follows the pool
     assert [i.cpus for i in node.plugin.intents()] == ["0-7", "0-7"]
 
 
@@ -414,10 +413,10 @@ def test_knows_tracks_containers_until_stopped() -> None:
 
 def prepare_with_pool_access(node: Node, uid: str, cpus: str) -> None:
     options = {"req": AllocationOptions(shared_pool_access=True)}
-    node.store.reserve(ClaimRecord(uid=uid, cpus=cs(cpus), options=options))
+    node.state.restore([ClaimRecord(uid=uid, cpus=cs(cpus), options=options)])
 
 
-def test_pool_access_holder_runs_on_its_cpus_plus_the_pool_and_follows_it() -> None:
+async def test_pool_access_holder_runs_on_its_cpus_plus_the_pool_and_follows_it() -> None:
     node = Node()
     node.plugin.create_container(nri_pod("p0"), ctr("p0", "s1", "s1"))
     prepare_with_pool_access(node, "A", "0-1")
@@ -428,7 +427,7 @@ def test_pool_access_holder_runs_on_its_cpus_plus_the_pool_and_follows_it() -> N
     assert decision.cpus == cs("0-5")  # its two exclusive CPUs and the pool 2-5
     assert pairs(decision.updates) == [("s1", "2-5")]
     # The pool grows: the shared container and the pool-access holder both follow it.
-    node.store.release("B")
+    await unprepare(node.state, "B")
     assert pairs(node.plugin.shared_pool_updates()) == [("s1", "2-7"), ("g1", "0-7")]
     assert {i.container_id: i.cpus for i in node.plugin.intents()} == {"s1": "2-7", "g1": "0-7"}
 

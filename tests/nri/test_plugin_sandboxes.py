@@ -40,7 +40,7 @@ def test_the_plugin_subscribes_to_the_three_sandbox_events() -> None:
 
 def test_run_pod_sandbox_keeps_it_on_the_pool_and_asks_for_verification() -> None:
     state, h = handlers()
-    state.store.reserve(ClaimRecord(uid="A", cpus=cs("4-7")))
+    state.restore([ClaimRecord(uid="A", cpus=cs("4-7"))])
     request = api_pb2.RunPodSandboxRequest(pod=sandbox("p1", SYSTEMD_PATH))
     assert h.handle("RunPodSandbox", request.SerializeToString()) == b""
     assert h.applied == [
@@ -64,7 +64,7 @@ def test_stop_or_remove_forgets_the_sandbox(method: str) -> None:
     h.handle("RunPodSandbox", api_pb2.RunPodSandboxRequest(pod=sandbox("p1")).SerializeToString())
     request = getattr(api_pb2, f"{method}Request")(pod=sandbox("p1"))
     assert h.handle(method, request.SerializeToString()) == b""
-    assert state.sandboxes == {}
+    assert state.view.sandbox_ids() == []
     assert h.plugin.intents() == []
     # Idempotent: the second of Stop and Remove finds nothing.
     h.handle(method, request.SerializeToString())
@@ -75,17 +75,17 @@ def test_older_runtimes_deliver_sandbox_events_through_state_change() -> None:
     run = api_pb2.StateChangeEvent(event=api_pb2.RUN_POD_SANDBOX, pod=sandbox("p1"))
     assert h.handle("StateChange", run.SerializeToString()) == b""
     assert [i.container_id for i in h.applied] == ["sb-p1"]
-    assert set(state.sandboxes) == {"sb-p1"}
+    assert set(state.view.sandbox_ids()) == {"sb-p1"}
     stop = api_pb2.StateChangeEvent(event=api_pb2.STOP_POD_SANDBOX, pod=sandbox("p1"))
     h.handle("StateChange", stop.SerializeToString())
-    assert state.sandboxes == {}
+    assert state.view.sandbox_ids() == []
 
 
 def test_a_sandbox_without_a_cgroups_path_is_left_alone() -> None:
     state, h = handlers()
     h.handle("RunPodSandbox", api_pb2.RunPodSandboxRequest(pod=nri_pod("p1")).SerializeToString())
     assert h.applied == []
-    assert state.sandboxes == {}
+    assert state.view.sandbox_ids() == []
 
 
 def test_synchronize_takes_the_pods_as_sandboxes_and_verifies_them() -> None:
@@ -101,7 +101,7 @@ def test_synchronize_takes_the_pods_as_sandboxes_and_verifies_them() -> None:
     # Sandboxes get no NRI update; the shared container does.
     assert [u.container_id for u in reply.update] == ["c1"]
     # The runtime's list replaces what was known; p3 reported no cgroups path.
-    assert set(state.sandboxes) == {"sb-p1", "sb-p2"}
+    assert set(state.view.sandbox_ids()) == {"sb-p1", "sb-p2"}
     # Verified once the reply is out: the update (a runtime may drop it) and the sandboxes.
     assert by_id(h.applied) == {
         "c1": ("0-7", False),
@@ -113,5 +113,5 @@ def test_synchronize_takes_the_pods_as_sandboxes_and_verifies_them() -> None:
 def test_sandboxes_follow_the_pool_in_the_intents() -> None:
     state, h = handlers()
     h.handle("RunPodSandbox", api_pb2.RunPodSandboxRequest(pod=sandbox("p1")).SerializeToString())
-    state.store.reserve(ClaimRecord(uid="A", cpus=cs("1-6")))
+    state.restore([ClaimRecord(uid="A", cpus=cs("1-6"))])
     assert by_id(h.plugin.sandbox_intents()) == {"sb-p1": ("0,7", True)}

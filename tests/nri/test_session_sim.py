@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 from nri_sim_node import SimNode, reconnects, sim_node
+from owner_steps import unprepare
 
 from dracpu.nri.plugin import EMPTY_SHARED_POOL
 from dracpu.nri.session import NRI_API_VERSION
@@ -44,13 +45,13 @@ async def test_lifecycle_shared_then_guaranteed_then_restart(
         await sim.remove_container(g1)
         g2 = await sim.create_container("p1", "app", ["DRA_CPUSET_A=2-3"])
         assert sim.cpuset_of(g2) == "2-3"
-        assert node.containers.get("p1", "app").container_id == g2  # type: ignore[union-attr]
+        assert node.view.container_of("p1", "app").container_id == g2  # type: ignore[union-attr]
 
         # New shared containers avoid the claim.
         s3 = await sim.create_container("p0", "s3")
         assert sim.cpuset_of(s3) == "0-1,4-7"
         await sim.remove_pod("p0")
-        assert node.containers.shared_container_ids() == []
+        assert node.view.shared_container_ids() == []
         assert not (tmp_path / "cg" / "cpuset" / "kubepods" / "podp0").exists()
 
 
@@ -124,7 +125,7 @@ async def test_runtime_restart_mid_stream_reconnects_and_resyncs(
         assert reconnects(node.metrics) == 1
         # The resync confined both shared containers to the pool without claim A.
         assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "2-7"
-        assert set(node.containers.shared_container_ids()) == {s1, s2}
+        assert set(node.view.shared_container_ids()) == {s1, s2}
 
         await sim.drop_connection()
         await sim.wait_plugin_ready()
@@ -154,9 +155,9 @@ async def test_stale_stop_and_remove_after_new_create(short_tmp: str, tmp_path: 
             nursery.start_soon(stop_old)
             nursery.start_soon(create_new)
         [new] = ids
-        record = node.containers.get("p1", "app")
+        record = node.view.container_of("p1", "app")
         assert record is not None and record.container_id == new
-        assert node.tracker.owner_of("A") is not None
+        assert node.view.owner_of("A") is not None
         assert [i.container_id for i in node.plugin.intents() if not i.sandbox] == [new]
         assert sim.cpuset_of(new) == "4-5"
 
@@ -168,10 +169,10 @@ async def test_remove_through_state_change_on_old_runtimes(short_tmp: str, tmp_p
         await node.sim.create_pod("p1", "pod")
         c = await node.sim.create_container("p1", "app")
         # Make Stop look stale so only the StateChange removal can forget the container.
-        node.containers.remove("p1", "app", c)
+        node.state.drop_container("p1", "app", c)
         node.plugin.create_container(node.sim._pods["p1"].proto(), node.sim.container(c).proto())
         await node.sim.remove_container(c)
-        assert len(node.containers) == 0
+        assert len(node.view.containers()) == 0
 
 
 async def test_synchronize_500_containers_in_pages(short_tmp: str, tmp_path: Path) -> None:
@@ -202,7 +203,7 @@ async def test_synchronize_500_containers_in_pages(short_tmp: str, tmp_path: Pat
         assert sim.cpuset_of(ids[0]) == "0-1"
         assert sim.cpuset_of(ids[10]) == "2"
         assert {sim.cpuset_of(i) for i in ids[1:10] + ids[11:]} == {"3-7"}
-        assert len(node.containers.shared_container_ids()) == 498
+        assert len(node.view.shared_container_ids()) == 498
 
 
 async def test_update_containers_success_and_failures(short_tmp: str, tmp_path: Path) -> None:
@@ -214,7 +215,7 @@ async def test_update_containers_success_and_failures(short_tmp: str, tmp_path: 
         s2 = await sim.create_container("p0", "s2")
         assert sim.cpuset_of(s1) == "4-7"
 
-        node.store.release("A")
+        await unprepare(node.state, "A")
         updates = node.plugin.shared_pool_updates()
         assert await node.session.update_containers(updates) == []
         assert sim.cpuset_of(s1) == sim.cpuset_of(s2) == "0-7"

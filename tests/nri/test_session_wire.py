@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from builders import nri_container, nri_pod
 
-from dracpu.allocation.store import AllocationStore, ClaimRecord, ContainerState
+from dracpu.allocation.store import AllocationStore, ClaimRecord
 from dracpu.cpuset import CPUSet
 from dracpu.nri.handlers import EVENT_MASK, PluginHandlers
 from dracpu.nri.mux import Multiplexer, MuxData
@@ -28,9 +28,9 @@ from dracpu.state import NodeState
 from dracpu_sim.runtime import RuntimeSimulator
 
 
-def make_plugin() -> tuple[NRIPlugin, ContainerState]:
+def make_plugin() -> tuple[NRIPlugin, NodeState]:
     state = NodeState(AllocationStore(CPUSet.parse("0-7"), CPUSet()))
-    return NRIPlugin(state), state.containers
+    return NRIPlugin(state), state
 
 
 class RawRuntime:
@@ -55,13 +55,13 @@ class RawRuntime:
 @asynccontextmanager
 async def raw_runtime(
     sock_dir: str,
-) -> AsyncIterator[tuple[RawRuntime, NRISession, ContainerState]]:
+) -> AsyncIterator[tuple[RawRuntime, NRISession, NodeState]]:
     path = os.path.join(sock_dir, "nri.sock")
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     await sock.bind(path)
     sock.listen(1)
     runtime = RawRuntime()
-    plugin, containers = make_plugin()
+    plugin, state = make_plugin()
     session = NRISession(path, plugin, reconnect_backoff=(0.01, 0.05))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.run)
@@ -70,13 +70,13 @@ async def raw_runtime(
         runtime.peer = MuxPeer(stream, serve_conn=2, call_conn=1, on_request=runtime.on_request)
         nursery.start_soon(runtime.peer.run)
         await runtime.register.wait()
-        yield runtime, session, containers
+        yield runtime, session, state
         nursery.cancel_scope.cancel()
     sock.close()
 
 
 async def test_configure_and_paged_synchronize_before_register_reply(short_tmp: str) -> None:
-    async with raw_runtime(short_tmp) as (runtime, session, containers):
+    async with raw_runtime(short_tmp) as (runtime, session, state):
         [reg] = runtime.requests
         assert (reg.service, reg.method) == (RUNTIME_SERVICE, "RegisterPlugin")
         body = api_pb2.RegisterPluginRequest.FromString(reg.payload)
@@ -104,7 +104,7 @@ async def test_configure_and_paged_synchronize_before_register_reply(short_tmp: 
             ("c2", "0-7", True),
         ]
         assert session.is_synchronized
-        assert len(containers) == 2
+        assert len(state.view.containers()) == 2
         # Only now does the RegisterPlugin reply arrive.
         assert runtime.peer is not None
         await runtime.peer.respond(reg.stream_id, b"")
@@ -144,7 +144,7 @@ async def test_shutdown_only_logs(short_tmp: str, caplog: pytest.LogCaptureFixtu
 
 
 async def test_plugin_error_is_an_unknown_status(short_tmp: str) -> None:
-    async with raw_runtime(short_tmp) as (runtime, _session, containers):
+    async with raw_runtime(short_tmp) as (runtime, _session, state):
         request = api_pb2.CreateContainerRequest(
             pod=nri_pod("p1"), container=nri_container("p1", "c1", "DRA_CPUSET_A=1")
         )
@@ -152,7 +152,7 @@ async def test_plugin_error_is_an_unknown_status(short_tmp: str) -> None:
             await runtime.call("CreateContainer", request)
         assert err.value.status.code == StatusCode.UNKNOWN
         assert err.value.status.message == 'claim "A" is not prepared by this driver'
-        assert len(containers) == 0
+        assert len(state.view.containers()) == 0
 
 
 async def test_configure_reply_golden_bytes(short_tmp: str) -> None:
@@ -352,14 +352,14 @@ async def test_plugin_that_never_registers_is_closed(
 
 def test_create_container_reply_golden_bytes() -> None:
     """The CreateContainer reply payload, byte for byte (protocols.md 6.8 field numbers)."""
-    plugin, _ = make_plugin()
+    plugin, state = make_plugin()
     handlers = PluginHandlers(plugin)
     shared = api_pb2.CreateContainerRequest(pod=nri_pod("p0"), container=nri_container("p0", "s1"))
     assert handlers.handle("CreateContainer", shared.SerializeToString()) == bytes.fromhex(
         # adjust(1) { linux(6) { resources(2) { cpu(2) { cpus(6) = "0-7" } } } }
         "0a0b 3209 1207 1205 3203 302d37".replace(" ", "")
     )
-    plugin._state.store.reserve(ClaimRecord(uid="A", cpus=CPUSet.parse("0-3")))
+    state.restore([ClaimRecord(uid="A", cpus=CPUSet.parse("0-3"))])
     guaranteed = api_pb2.CreateContainerRequest(
         pod=nri_pod("p1"), container=nri_container("p1", "g1", "DRA_CPUSET_A=0-3")
     )

@@ -10,22 +10,15 @@ from pathlib import Path
 
 import pytest
 import trio
+from builders import grid
 from nri_sim_node import SimNode, sim_node
+from owner_steps import exact_devices, prepare_cpus, unprepare
 from prometheus_client import CollectorRegistry
 
-from dracpu.allocation.prepare import ClaimPlan
-from dracpu.allocation.store import ClaimRecord, PreparedDevice
 from dracpu.cgroupfs.writer import CgroupWriter
-from dracpu.cpuset import CPUSet
 from dracpu.messages import VerifyCpusets
 from dracpu.metrics import DriverMetrics
 from dracpu.nri.pusher import PoolPusher
-
-DEVICE = (PreparedDevice(pool_name="n", device_name="cpudev000"),)
-
-
-def plan(uid: str, cpus: str) -> ClaimPlan:
-    return ClaimPlan(record=ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus), devices=DEVICE))
 
 
 class Node:
@@ -40,19 +33,17 @@ class Node:
         )
         return value or 0.0
 
-    def prepare(self, uid: str, cpus: str) -> None:
-        p = plan(uid, cpus)
-        assert self.sim.state.begin_prepare(p)
-        self.sim.state.finish_prepare(p)
+    async def prepare(self, uid: str, cpus: str) -> None:
+        await prepare_cpus(self.sim.state, uid, cpus)
 
-    def unprepare(self, uid: str) -> None:
-        assert self.sim.state.begin_unprepare(uid) is not None
-        self.sim.state.finish_unprepare(uid)
+    async def unprepare(self, uid: str) -> None:
+        assert (await unprepare(self.sim.state, uid)).released is not None
 
 
 @asynccontextmanager
 async def verified_node(short_tmp: str, cgroup_root: Path) -> AsyncIterator[Node]:
     async with sim_node(short_tmp, cgroup_root) as sim:
+        exact_devices(sim.state, grid(1, 1, 4))  # CPUs 0-7, as the simulated node
         registry = CollectorRegistry()
         metrics = DriverMetrics(registry)
         writer = CgroupWriter(str(cgroup_root), metrics=metrics)
@@ -82,11 +73,11 @@ async def test_a_pool_update_the_runtime_did_not_apply_is_written_within_200ms(
 ) -> None:
     async with verified_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim.sim
-        node.prepare("A", "0-3")
+        await node.prepare("A", "0-3")
         ids = await shared_containers(node, 3)
         assert {sim.cpuset_of(c) for c in ids} == {"4-7"}
         sim.set_update_mode(mode)
-        node.unprepare("A")  # the pool grows back to 0-7; the runtime does not apply it
+        await node.unprepare("A")  # the pool grows back to 0-7; the runtime does not apply it
         with trio.fail_after(0.2):
             while {sim.cpuset_of(c) for c in ids} != {"0-7"}:
                 await trio.sleep(0.005)
@@ -106,10 +97,10 @@ async def test_a_runtime_that_reports_the_failure_is_written_by_the_one_pass(
     caplog.set_level(logging.INFO, logger="dracpu.cgroupfs")
     async with verified_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim.sim
-        node.prepare("A", "0-3")
+        await node.prepare("A", "0-3")
         ids = await shared_containers(node, 2)
         sim.set_update_mode("report", calls=1)
-        node.unprepare("A")
+        await node.unprepare("A")
         # The reported failures ride in the change's one pass, which verifies every update
         # whatever the runtime answered: each is written once, under the runtime's reason,
         # and the convergence is recorded for this case too.
@@ -136,7 +127,7 @@ async def test_applied_updates_are_read_back_and_left_alone(short_tmp: str, tmp_
     async with verified_node(short_tmp, tmp_path / "cg") as node:
         sim = node.sim.sim
         ids = await shared_containers(node, 2)
-        node.prepare("A", "6-7")
+        await node.prepare("A", "6-7")
         with trio.fail_after(2):
             while node.writer.tally.verified < 2:
                 await trio.sleep(0.005)

@@ -43,14 +43,14 @@ class HungDisk:
 
 async def prepare(state: NodeState, uid: str, cpus: str, outcomes: list[str]) -> None:
     p = ClaimPlan(record=ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus), devices=DEVICE))
-    assert state.begin_prepare(p)
+    assert state._begin_prepare(p)
     try:
         await state.make_durable("prepare")
     except StateFileError as exc:
-        state.abort_prepare(p)
+        state._abort_prepare(p)
         outcomes.append(f"{uid}: {exc}")
         return
-    state.finish_prepare(p)
+    state._finish_prepare(p)
     outcomes.append(f"{uid}: written")
 
 

@@ -47,9 +47,9 @@ async def test_queued_changes_share_one_write_and_every_waiter_hears(tmp_path: P
 
     async def prepare(uid: str, cpus: str) -> None:
         p = plan(uid, cpus)
-        assert state.begin_prepare(p)
+        assert state._begin_prepare(p)
         await state.make_durable("prepare")
-        state.finish_prepare(p)
+        state._finish_prepare(p)
         answered.append(uid)
 
     # Three prepares queue their changes before the writer takes any (as if it were busy
@@ -59,14 +59,14 @@ async def test_queued_changes_share_one_write_and_every_waiter_hears(tmp_path: P
             for uid, cpus in (("a", "0-1"), ("b", "2-3"), ("c", "4-7")):
                 nursery.start_soon(prepare, uid, cpus)
             await trio.testing.wait_all_tasks_blocked()
-            assert answered == [] and len(state.store) == 0  # pending: nobody sees them yet
+            assert answered == [] and len(state.view.claims()) == 0  # pending: nobody sees them yet
             await nursery.start(checkpoint.run, changes)
             while len(answered) < 3:
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     assert writes == [3]
     assert sorted(answered) == ["a", "b", "c"]
-    assert {r.uid for r in state.store.records()} == {"a", "b", "c"}
+    assert {r.uid for r in state.view.claims()} == {"a", "b", "c"}
     assert checkpoint.writes == 1
 
 
@@ -115,17 +115,17 @@ def test_memory_only_state_publishes_pool_changes_on_commit_and_release() -> Non
     state = NodeState(AllocationStore(ALL, CPUSet()))
     pool = state.pool_changes()
     p = plan("a", "0-3")
-    assert state.begin_prepare(p)
+    assert state._begin_prepare(p)
     assert state.shared_pool == ALL  # pending CPUs stay in the pool until the commit
-    assert not state.store.free & CPUSet.parse("0-3")
-    state.finish_prepare(p)
+    assert not state.view.free & CPUSet.parse("0-3")
+    state._finish_prepare(p)
     assert pool.receive_nowait() == SharedPoolChanged(cpus="4-15")
-    assert state.begin_unprepare("a") is not None
-    assert state.store.durable_records() == []
-    state.abort_unprepare("a")
-    assert [r.uid for r in state.store.durable_records()] == ["a"]
-    state.begin_unprepare("a")
-    state.finish_unprepare("a")
+    assert state._begin_unprepare("a") is not None
+    assert state.view.durable_claims() == []
+    state._abort_unprepare("a")
+    assert [r.uid for r in state.view.durable_claims()] == ["a"]
+    state._begin_unprepare("a")
+    state._finish_unprepare("a")
     assert pool.receive_nowait() == SharedPoolChanged(cpus="0-15")
     with pytest.raises(trio.WouldBlock):
         pool.receive_nowait()
@@ -177,8 +177,8 @@ async def test_pool_pusher_pushes_the_newest_pool_once_for_queued_changes() -> N
     pusher = PoolPusher(state.pool_changes(), FakePlugin(state), session)  # type: ignore[arg-type]
     for uid, cpus in (("a", "0-1"), ("b", "2-3"), ("c", "4-5")):
         p = plan(uid, cpus)
-        state.begin_prepare(p)
-        state.finish_prepare(p)
+        state._begin_prepare(p)
+        state._finish_prepare(p)
     async with trio.open_nursery() as nursery:
         await nursery.start(pusher.run)
         await trio.testing.wait_all_tasks_blocked()

@@ -140,7 +140,7 @@ async def test_a_failed_checkpoint_drops_the_claim_and_its_spec(tmp_path: Path) 
     assert outcome.failed_at == "record"
     assert outcome.error.startswith("failed to record claim default/claim-u1: failed to write")
     assert steps.calls == [("write_spec", "u1"), ("remove_spec", "u1")]
-    assert state.view.cpus_of("u1") is None and not state.store.durable_records()
+    assert state.view.cpus_of("u1") is None and not state.view.durable_claims()
     with pytest.raises(trio.WouldBlock):
         events.receive_nowait()
 
@@ -183,7 +183,7 @@ async def test_a_failed_unprepare_puts_everything_back(tmp_path: Path) -> None:
     # The claim stays prepared and its spec is written again; the kubelet retries.
     assert steps.calls == [("remove_spec", "u1"), ("write_spec", "u1")]
     assert state.view.cpus_of("u1") == held
-    assert [r.uid for r in state.store.durable_records()] == ["u1"]
+    assert [r.uid for r in state.view.durable_claims()] == ["u1"]
 
 
 async def test_unpreparing_an_unusable_uid_touches_no_file() -> None:
@@ -218,7 +218,7 @@ def test_admit_refuses_without_changing_anything() -> None:
     record = ContainerRecord(pod_uid="p1", name="db", container_id="c1")
     with pytest.raises(AdmissionError, match='claim "u1" is not prepared by this driver'):
         state.admit(record, {"u1": CPUSet.parse("0-3")})
-    assert not state.view.knows_container("c1") and state.tracker.owners() == {}
+    assert not state.view.knows_container("c1") and state.view.owners() == {}
     # An empty shared pool refuses a shared container (fail closed).
     empty = NodeState(AllocationStore(CPUSet.parse("0-3"), CPUSet()))
     empty.set_offline(CPUSet.parse("0-3"))
@@ -241,7 +241,7 @@ async def test_admit_refuses_a_claim_bound_to_another_container_or_with_other_cp
     with pytest.raises(AdmissionError, match="cpuset mismatch"):
         state.admit(ContainerRecord(pod_uid="p3", name="c", container_id="c3"), {"u2": forged})
     # The refused binding was undone: another container may still take u2.
-    assert "u2" not in state.tracker.owners()
+    assert "u2" not in state.view.owners()
 
 
 async def test_still_wanted_keeps_only_current_intents() -> None:
@@ -284,6 +284,42 @@ async def test_closing_the_channels_ends_every_receiver() -> None:
     for inbox in (claims, pool, events):
         with pytest.raises(trio.EndOfChannel):
             await inbox.receive()
+
+
+async def test_after_closing_nothing_commits_and_new_inboxes_are_ended() -> None:
+    state = make_state()
+    state.claims_changes()
+    state.close_channels()
+    state.close_channels()  # again: nothing left to close
+    outcome = await state.prepare(claim("u1", result("cpudevnuma000", 1)), Steps())
+    assert outcome.failed_at == "record"
+    assert outcome.error.endswith("the checkpoint writer stopped: dracpu is stopping")
+    assert state.view.cpus_of("u1") is None and state.view.durable_claims() == []
+    for inbox in (state.claims_changes(), state.pool_changes(), state.claim_events()):
+        with pytest.raises(trio.EndOfChannel):
+            await inbox.receive()
+
+
+async def test_the_publishing_service_closes_the_channels_when_stopped() -> None:
+    state = make_state()
+    events, pool = state.claim_events(), state.pool_changes()
+    ended: list[str] = []
+
+    async def drain(name: str, inbox: trio.abc.ReceiveChannel[Any]) -> None:
+        async for _ in inbox:
+            pass
+        ended.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain, "events", events)
+        nursery.start_soon(drain, "pool", pool)
+        async with trio.open_nursery() as service:
+            await service.start(state.publishing)
+            await state.prepare(claim("u1", result("cpudevnuma000", 1)), Steps())
+            await trio.testing.wait_all_tasks_blocked()
+            assert ended == []  # running: the receivers wait for more
+            service.cancel_scope.cancel()  # the daemon stops the service
+    assert sorted(ended) == ["events", "pool"]  # each receiver ended on its own
 
 
 async def test_a_closed_subscriber_is_dropped() -> None:

@@ -312,6 +312,11 @@ class Daemon:
                 run=partial(self.checkpoint.run, self.state.claims_changes()),
             )
         )
+        # The owner's publishing lifetime. Services stop last started first: this one
+        # stops after everything that changes the state or reads its channels and before
+        # the checkpoint writer, and closes the owner's channels as it stops, so the
+        # writer answers what is queued and ends on its own, as does any other receiver.
+        await sup.start(Service(name="state", run=self.state.publishing))
         self._build_services()
         assert self.kubelet and self.plugin and self.session and self.writer and self.watcher
         problem = await _in_thread(self.writer.find_hierarchy)

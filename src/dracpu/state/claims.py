@@ -62,7 +62,7 @@ async def _stage_prepare(
             claim,
             inventory=state.inventory,
             topology=state.topology,
-            store=state.store,
+            store=state._store,
             online=state.online,
         )
     except (PrepareError, CDIError) as exc:
@@ -71,13 +71,13 @@ async def _stage_prepare(
         return PrepareOutcome(plan=plan)
     commit.shield = True
     try:
-        new = state.begin_prepare(plan)
+        new = state._begin_prepare(plan)
     except PrepareError as exc:
         return PrepareOutcome(plan=plan, error=str(exc), failed_at="reserve")
     try:
         await steps.write_spec(claim.uid, plan.cpus)
     except CDIError as exc:
-        state.abort_prepare(plan)
+        state._abort_prepare(plan)
         return PrepareOutcome(plan=plan, error=str(exc), failed_at="spec")
     return plan, new
 
@@ -93,13 +93,13 @@ async def _commit_prepare(
     try:
         await state.make_durable("prepare")
     except StateFileError as exc:
-        state.abort_prepare(plan)
+        state._abort_prepare(plan)
         try:
             await steps.remove_spec(claim.uid)
         except CDIError as rm_exc:
             kubelet_log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
         return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
-    state.finish_prepare(plan)
+    state._finish_prepare(plan)
     return ""
 
 
@@ -116,7 +116,7 @@ async def unprepare(
             # the lock changes nothing.
             async with steps.lock():
                 commit.shield = True
-                record = state.store.get(claim_uid)
+                record = state._store.get(claim_uid)
                 try:
                     check_claim_uid(claim_uid)
                 except CDIError as exc:
@@ -131,12 +131,12 @@ async def unprepare(
                 if record is None:
                     await steps.remove_metadata(namespace, name, claim_uid)
                     return UnprepareOutcome()
-                state.begin_unprepare(claim_uid)
+                state._begin_unprepare(claim_uid)
             try:
                 await state.make_durable("unprepare")
             except StateFileError as exc:
                 # Keep memory, disk and checkpoint in agreement.
-                state.abort_unprepare(claim_uid)
+                state._abort_unprepare(claim_uid)
                 try:
                     await steps.write_spec(claim_uid, record.cpus)
                 except CDIError as write_exc:
@@ -147,6 +147,6 @@ async def unprepare(
                     error=f"failed to record claim {namespace}/{name}: {exc}",
                     failed_at="record",
                 )
-            state.finish_unprepare(claim_uid)
+            state._finish_unprepare(claim_uid)
             await steps.remove_metadata(namespace, name, claim_uid)
     return UnprepareOutcome(released=record)

@@ -93,7 +93,7 @@ class CheckpointFile:
             version=CHECKPOINT_VERSION,
             boot_id=self.boot_id,
             config_fingerprint=self.config_fingerprint,
-            claims=tuple(sorted(self.state.store.durable_records(), key=lambda r: r.uid)),
+            claims=tuple(sorted(self.state._store.durable_records(), key=lambda r: r.uid)),
         )
 
     def write(self, checkpoint: Checkpoint | None = None) -> None:
@@ -194,7 +194,7 @@ class CheckpointFile:
             boot_id=self.boot_id,
             config_fingerprint=self.config_fingerprint,
             cdi_claims=scan.claims,
-            allocatable=self.state.store.available,
+            allocatable=self.state._store.available,
         )
         for note in plan.notes:
             log.warning("%s", note)

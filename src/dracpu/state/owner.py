@@ -96,10 +96,12 @@ class NodeState:
     """The three stores of behavior.md §12, what prepare plans with, and the channels that
     report their changes.
 
-    ``store``, ``tracker``, ``containers`` and ``sandboxes`` belong to ``dracpu.state``
-    (and to tests that set up a state): the daemon's other modules read through ``view``
-    and change things through the transactions below. ``mems_of`` maps CPUs to the NUMA
-    nodes holding them (memory alignment); it is None when alignment is off.
+    The stores (``_store``, ``_tracker``, ``_containers``, ``_sandboxes``) and the steps
+    of the transactions (``_begin_prepare`` ...) are private to ``dracpu.state``: everyone
+    else, tests and benchmarks included, reads through ``view`` and changes things through
+    the transactions below (tests/state/test_owner_boundary.py checks it). ``mems_of``
+    maps CPUs to the NUMA nodes holding them (memory alignment); None when alignment is
+    off.
     """
 
     def __init__(
@@ -109,12 +111,12 @@ class NodeState:
         metrics: DriverMetrics | None = None,
         mems_of: Callable[[CPUSet], str] | None = None,
     ) -> None:
-        self.store = store
-        self.tracker = ClaimTracker()
-        self.containers = ContainerState()
+        self._store = store
+        self._tracker = ClaimTracker()
+        self._containers = ContainerState()
         # Pod sandboxes by sandbox id (RunPodSandbox, Synchronize's pods): kept on the
         # shared pool by the cgroupfs writer.
-        self.sandboxes: dict[str, SandboxRecord] = {}
+        self._sandboxes: dict[str, SandboxRecord] = {}
         self.metrics = metrics
         self.mems_of = mems_of
         self.view = NodeView(self)
@@ -132,6 +134,8 @@ class NodeState:
         self._claims_out: trio.MemorySendChannel[ClaimsChanged] | None = None
         self._pool_out: trio.MemorySendChannel[SharedPoolChanged] | None = None
         self._events_out: list[trio.MemorySendChannel[ClaimEvent]] = []
+        # Set by ``close_channels``: the owner publishes nothing more, ever.
+        self._closed = False
         self.refresh_gauges()
 
     # -- channels -------------------------------------------------------------------------
@@ -143,7 +147,10 @@ class NodeState:
         each of which waits for its write; the writer takes all queued ones per write.
         """
         send, receive = trio.open_memory_channel[ClaimsChanged](math.inf)
-        self._claims_out = send
+        if self._closed:
+            send.close()
+        else:
+            self._claims_out = send
         return receive
 
     def pool_changes(self) -> trio.MemoryReceiveChannel[SharedPoolChanged]:
@@ -153,7 +160,10 @@ class NodeState:
         drains it and acts on the newest message only, so a backlog costs one push.
         """
         send, receive = trio.open_memory_channel[SharedPoolChanged](math.inf)
-        self._pool_out = send
+        if self._closed:
+            send.close()
+        else:
+            self._pool_out = send
         return receive
 
     def claim_events(self) -> trio.MemoryReceiveChannel[ClaimEvent]:
@@ -165,22 +175,43 @@ class NodeState:
         its end is dropped at the next event.
         """
         send, receive = trio.open_memory_channel[ClaimEvent](math.inf)
-        self._events_out.append(send)
+        if self._closed:
+            send.close()
+        else:
+            self._events_out.append(send)
         return receive
 
     def close_channels(self) -> None:
         """The owner stops publishing: every receiver's loop ends once it drained its
-        inbox (``EndOfChannel``)."""
+        inbox (``EndOfChannel``), and an inbox opened later is already ended. From then
+        on ``make_durable`` refuses (nothing would write the checkpoint), so a prepare
+        that still ran could not commit. Safe to call again."""
+        self._closed = True
         for out in (self._claims_out, self._pool_out, *self._events_out):
             if out is not None:
                 out.close()
         self._claims_out = self._pool_out = None
         self._events_out = []
 
+    async def publishing(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The owner's publishing lifetime as a service: started once the state is
+        restored, it ends (``close_channels``) when the daemon stops it. The supervisor
+        stops services last started first, so started after the checkpoint writer and
+        before the services that change the state (kubelet, NRI, hotplug), it closes the
+        channels once those stopped and before the writer is stopped: the writer answers
+        what is queued and ends on its own, and any other subscriber's loop ends too."""
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.close_channels()
+
     def _publish_pool(self) -> None:
         if self._pool_out is not None:
             self._pool_out.send_nowait(
-                SharedPoolChanged(cpus=self.store.shared_pool.format(), at=_now())
+                SharedPoolChanged(cpus=self._store.shared_pool.format(), at=_now())
             )
 
     def _publish_claims(
@@ -204,7 +235,7 @@ class NodeState:
 
     def refresh_gauges(self) -> None:
         if self.metrics is not None:
-            self.metrics.show_store(self.store.snapshot())
+            self.metrics.show_store(self._store.snapshot())
 
     # -- durability -----------------------------------------------------------------------
     @property
@@ -229,6 +260,8 @@ class NodeState:
         Raises ``StateFileError`` when it cannot be written or no writer runs. Without a
         checkpoint writer (tests, benchmarks) the state is memory-only and this returns.
         """
+        if self._closed:
+            raise StateFileError("the checkpoint writer stopped: dracpu is stopping")
         if self._claims_out is None:
             return
         if not self._writer_running:
@@ -243,7 +276,7 @@ class NodeState:
     # -- queries (the rest is ``view``) --------------------------------------------------
     @property
     def shared_pool(self) -> CPUSet:
-        return self.store.shared_pool
+        return self._store.shared_pool
 
     def describe(self) -> dict[str, Any]:
         """The allocation part of ``/debug/state`` (``NodeView.describe``)."""
@@ -264,14 +297,14 @@ class NodeState:
     def set_offline(self, cpus: CPUSet) -> None:
         """The allocatable CPUs offline now. Claims keep theirs; the shared pool loses (or
         gets back) the rest."""
-        if self.store.set_offline(cpus):
+        if self._store.set_offline(cpus):
             self.refresh_gauges()
             self._publish_pool()
 
     def restore(self, records: Sequence[ClaimRecord]) -> None:
         """Start-up: claims from the checkpoint or the CDI specs (already checked)."""
         for record in records:
-            self.store.reserve(record)
+            self._store.reserve(record)
         self.refresh_gauges()
 
     # -- the kubelet's transactions -------------------------------------------------------
@@ -285,45 +318,45 @@ class NodeState:
         """Unprepare one claim as one transaction (``state.claims.unprepare``)."""
         return await claim_transactions.unprepare(self, namespace, name, claim_uid, steps)
 
-    # The steps of those transactions. Outside ``dracpu.state`` only tests call them, to
-    # set a state up or to check one step.
-    def begin_prepare(self, plan: ClaimPlan) -> bool:
+    # The steps of those transactions, private to ``dracpu.state`` (``state.claims`` runs
+    # them in order); tests and benchmarks go through ``prepare`` and ``unprepare`` too.
+    def _begin_prepare(self, plan: ClaimPlan) -> bool:
         """Keep a plan's CPUs from every other claim, not yet visible. True when new."""
         if plan.already_prepared or plan.is_empty:
             return False
         try:
-            return self.store.reserve(plan.record, pending=True)
+            return self._store.reserve(plan.record, pending=True)
         except StoreError as exc:
             raise PrepareError(str(exc)) from None
 
-    def finish_prepare(self, plan: ClaimPlan) -> None:
+    def _finish_prepare(self, plan: ClaimPlan) -> None:
         """The claim's spec and checkpoint are on disk: it is prepared for everyone now."""
-        record = self.store.commit(plan.claim_uid)
+        record = self._store.commit(plan.claim_uid)
         if record is not None:
             self.refresh_gauges()
             self._publish_pool()
             if self._events_out:  # nobody subscribed: build no event
                 self._publish_event(ClaimPrepared(**_event_fields(record)))
 
-    def abort_prepare(self, plan: ClaimPlan) -> None:
+    def _abort_prepare(self, plan: ClaimPlan) -> None:
         """The prepare failed before anyone saw the claim; the next checkpoint drops it."""
-        self.store.discard(plan.claim_uid)
+        self._store.discard(plan.claim_uid)
 
-    def begin_unprepare(self, claim_uid: str) -> ClaimRecord | None:
+    def _begin_unprepare(self, claim_uid: str) -> ClaimRecord | None:
         """Leave the claim out of the next checkpoint; it stays prepared until finished."""
-        return self.store.begin_release(claim_uid)
+        return self._store.begin_release(claim_uid)
 
-    def finish_unprepare(self, claim_uid: str) -> None:
-        record = self.store.get(claim_uid) if self._events_out else None
-        self.store.release(claim_uid)
-        self.tracker.release([claim_uid])
+    def _finish_unprepare(self, claim_uid: str) -> None:
+        record = self._store.get(claim_uid) if self._events_out else None
+        self._store.release(claim_uid)
+        self._tracker.release([claim_uid])
         self.refresh_gauges()
         self._publish_pool()
         if record is not None:
             self._publish_event(ClaimUnprepared(**_event_fields(record)))
 
-    def abort_unprepare(self, claim_uid: str) -> None:
-        self.store.cancel_release(claim_uid)
+    def _abort_unprepare(self, claim_uid: str) -> None:
+        self._store.cancel_release(claim_uid)
 
     # -- the runtime's changes ------------------------------------------------------------
     def admit(self, record: ContainerRecord, claims: Mapping[str, CPUSet]) -> CreateDecision:
@@ -335,24 +368,24 @@ class NodeState:
         to another container, one not prepared or prepared with other CPUs, and a shared
         container while the shared pool is empty."""
         if not claims:
-            pool = self.store.shared_pool
+            pool = self._store.shared_pool
             if not pool:
                 raise AdmissionError(EMPTY_SHARED_POOL)
-            self.containers.set(msgspec.structs.replace(record, claim_uids=()))
+            self._containers.set(msgspec.structs.replace(record, claim_uids=()))
             return CreateDecision(cpus=pool)
         claim_uids = tuple(claims)
         try:
-            newly_bound = self.tracker.set_owner(record.pod_uid, record.name, claim_uids)
+            newly_bound = self._tracker.set_owner(record.pod_uid, record.name, claim_uids)
         except StateError as exc:
             raise AdmissionError(str(exc)) from None
         try:
-            self.store.validate(claims)
+            self._store.validate(claims)
         except StoreError as exc:
-            self.tracker.release(newly_bound)
+            self._tracker.release(newly_bound)
             raise AdmissionError(str(exc)) from None
         # The env's CPUs equal the claims' (validated); sharedPoolAccess adds the pool.
         guaranteed = self.view.holder_cpus(claim_uids)
-        self.containers.set(msgspec.structs.replace(record, claim_uids=claim_uids))
+        self._containers.set(msgspec.structs.replace(record, claim_uids=claim_uids))
         updates = self.view.shared_updates(exclude=record.container_id) if newly_bound else []
         return CreateDecision(
             cpus=guaranteed,
@@ -361,29 +394,21 @@ class NodeState:
             claim_uids=claim_uids,
         )
 
-    def bind(self, pod_uid: str, name: str, claim_uids: Sequence[str]) -> list[str]:
-        """Bind claims to a container (raises ``OwnerError``); returns the newly bound.
-        A step of ``admit``; outside ``dracpu.state`` only tests call it."""
-        return self.tracker.set_owner(pod_uid, name, claim_uids)
-
-    def unbind(self, claim_uids: Sequence[str]) -> None:
-        self.tracker.release(claim_uids)
-
     def put_container(self, record: ContainerRecord) -> ContainerRecord | None:
         """Record a created container; returns the one of the same (pod, name) it replaces."""
-        return self.containers.set(record)
+        return self._containers.set(record)
 
     def drop_container(self, pod_uid: str, name: str, container_id: str) -> ContainerRecord | None:
         """Forget a stopped or removed container; None for a stale or unknown event."""
-        return self.containers.remove(pod_uid, name, container_id)
+        return self._containers.remove(pod_uid, name, container_id)
 
     def put_sandbox(self, record: SandboxRecord) -> None:
         """A pod sandbox runs (RunPodSandbox)."""
-        self.sandboxes[record.sandbox_id] = record
+        self._sandboxes[record.sandbox_id] = record
 
     def drop_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         """A pod sandbox stopped or was removed; None when it was not known."""
-        return self.sandboxes.pop(sandbox_id, None)
+        return self._sandboxes.pop(sandbox_id, None)
 
     def synchronized(
         self,
@@ -396,18 +421,18 @@ class NodeState:
         (checked by the caller against the free CPUs), every claim owner, container and pod
         sandbox."""
         for uid, cpus in adopted.items():
-            self.store.reserve(ClaimRecord(uid=uid, cpus=cpus))
-        self.tracker.release(list(self.tracker.owners()))
+            self._store.reserve(ClaimRecord(uid=uid, cpus=cpus))
+        self._tracker.release(list(self._tracker.owners()))
         by_owner: dict[tuple[str, str], list[str]] = {}
         for uid, owner in owners.owners().items():
             by_owner.setdefault((owner.pod_uid, owner.container_name), []).append(uid)
         for (pod_uid, name), uids in by_owner.items():
-            self.tracker.set_owner(pod_uid, name, uids)
-        for old in list(self.containers):
-            self.containers.remove(old.pod_uid, old.name, old.container_id)
+            self._tracker.set_owner(pod_uid, name, uids)
+        for old in list(self._containers):
+            self._containers.remove(old.pod_uid, old.name, old.container_id)
         for record in records:
-            self.containers.set(record)
-        self.sandboxes = {s.sandbox_id: s for s in sandboxes}
+            self._containers.set(record)
+        self._sandboxes = {s.sandbox_id: s for s in sandboxes}
         self.has_synchronized = True
         if adopted:
             self.refresh_gauges()

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dracpu.allocation.store import ClaimRecord, ContainerRecord, SandboxRecord
+from dracpu.allocation.store import ClaimRecord, ContainerRecord, Owner, SandboxRecord
 from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 
@@ -48,7 +48,7 @@ class NodeView:
     # -- CPUs -------------------------------------------------------------------------------
     @property
     def shared_pool(self) -> CPUSet:
-        return self._state.store.shared_pool
+        return self._state._store.shared_pool
 
     @property
     def online(self) -> CPUSet:
@@ -58,12 +58,28 @@ class NodeView:
     @property
     def offline(self) -> CPUSet:
         """Allocatable CPUs that are offline now (claims keep theirs)."""
-        return self._state.store.offline
+        return self._state._store.offline
 
     @property
     def free(self) -> CPUSet:
         """Allocatable CPUs no claim holds or keeps pending."""
-        return self._state.store.free
+        return self._state._store.free
+
+    @property
+    def allocatable(self) -> CPUSet:
+        """CPUs a claim may ever get: the topology's, without the reserved CPUs and the
+        shared pool's floor."""
+        return self._state._store.available
+
+    @property
+    def reserved(self) -> CPUSet:
+        """The configured reserved CPUs, as given."""
+        return self._state._store.reserved
+
+    @property
+    def prepared(self) -> CPUSet:
+        """The union of every prepared claim's CPUs (pending ones not included)."""
+        return self._state._store.prepared
 
     @property
     def has_synchronized(self) -> bool:
@@ -74,22 +90,35 @@ class NodeView:
     # -- claims -----------------------------------------------------------------------------
     def claim(self, claim_uid: str) -> ClaimRecord | None:
         """A prepared claim (pending ones are not prepared yet)."""
-        return self._state.store.get(claim_uid)
+        return self._state._store.get(claim_uid)
 
     def has_claim(self, claim_uid: str) -> bool:
-        return claim_uid in self._state.store
+        return claim_uid in self._state._store
 
     def cpus_of(self, claim_uid: str) -> CPUSet | None:
         """A prepared claim's CPUs, None when it is not prepared."""
-        return self._state.store.cpus_of(claim_uid)
+        return self._state._store.cpus_of(claim_uid)
 
     def claims(self) -> list[ClaimRecord]:
         """Every prepared claim."""
-        return self._state.store.records()
+        return self._state._store.records()
+
+    def durable_claims(self) -> list[ClaimRecord]:
+        """What the next checkpoint holds: prepared claims not being unprepared, then
+        pending ones (their prepare waits for that write)."""
+        return self._state._store.durable_records()
+
+    def owner_of(self, claim_uid: str) -> Owner | None:
+        """The container a claim is bound to (its first CreateContainer), if any."""
+        return self._state._tracker.owner_of(claim_uid)
+
+    def owners(self) -> dict[str, Owner]:
+        """Claim UID -> the container it is bound to (a copy)."""
+        return self._state._tracker.owners()
 
     def claims_cpus(self, claim_uids: Sequence[str]) -> CPUSet:
         """The union of the prepared CPUs of these claims (unknown ones add nothing)."""
-        store = self._state.store
+        store = self._state._store
         if len(claim_uids) == 1:  # the usual holder: one claim, no union to build
             return store.cpus_of(claim_uids[0]) or CPUSet()
         cpus = CPUSet()
@@ -101,7 +130,7 @@ class NodeView:
 
     def follows_pool(self, claim_uids: Sequence[str]) -> bool:
         """Whether a claim holder also runs on the shared pool (``sharedPoolAccess``)."""
-        store = self._state.store
+        store = self._state._store
         for uid in claim_uids:
             record = store.get(uid)
             if record is not None and record.shared_pool_access:
@@ -113,7 +142,7 @@ class NodeView:
         of them asked for ``sharedPoolAccess``."""
         cpus = self.claims_cpus(claim_uids)
         if self.follows_pool(claim_uids):
-            cpus |= self._state.store.shared_pool
+            cpus |= self._state._store.shared_pool
         return cpus
 
     def mems(self, cpus: CPUSet) -> str:
@@ -123,8 +152,8 @@ class NodeView:
 
     def describe(self) -> dict[str, Any]:
         """The allocation part of ``/debug/state``: reserved CPUs, pool, claims and owners."""
-        store = self._state.store
-        owners = self._state.tracker.owners()
+        store = self._state._store
+        owners = self._state._tracker.owners()
         return {
             "reserved": store.reserved.format(),
             "isolated": store.isolated.format(),
@@ -149,19 +178,35 @@ class NodeView:
     # -- containers and sandboxes -----------------------------------------------------------
     def knows_container(self, container_id: str) -> bool:
         """Whether a container is tracked (created, not stopped or removed)."""
-        return container_id in self._state.containers
+        return container_id in self._state._containers
 
     def container(self, container_id: str) -> ContainerRecord | None:
-        return self._state.containers.by_id(container_id)
+        return self._state._containers.by_id(container_id)
+
+    def container_of(self, pod_uid: str, name: str) -> ContainerRecord | None:
+        """The container of this pod with this name, if one is tracked."""
+        return self._state._containers.get(pod_uid, name)
+
+    def containers(self) -> list[ContainerRecord]:
+        """Every tracked container (a copy of the list; the records are frozen)."""
+        return list(self._state._containers)
+
+    def shared_container_ids(self) -> list[str]:
+        """The tracked containers without a claim, in the order they were created."""
+        return self._state._containers.shared_container_ids()
+
+    def sandbox_ids(self) -> list[str]:
+        """The ids of the known pod sandboxes (RunPodSandbox, Synchronize's pods)."""
+        return list(self._state._sandboxes)
 
     def sandbox_count(self) -> int:
-        return len(self._state.sandboxes)
+        return len(self._state._sandboxes)
 
     def sandbox_intents(self) -> list[ContainerIntent]:
         """Every pod sandbox on the shared pool (none while the pool is empty). Only
         dracpu writes these: NRI has no update for a sandbox."""
         pool = self.shared_pool
-        sandboxes = self._state.sandboxes
+        sandboxes = self._state._sandboxes
         if not pool:
             if sandboxes:
                 log.error("cannot confine %d pod sandboxes: %s", len(sandboxes), EMPTY_SHARED_POOL)
@@ -174,7 +219,7 @@ class NodeView:
         (the rules in the module docstring)."""
         pool = self.shared_pool
         out: list[ContainerIntent] = self.sandbox_intents()
-        for record in self._state.containers:
+        for record in self._state._containers:
             intent = self._intent(record, pool)
             if intent is not None:
                 out.append(intent)
@@ -188,11 +233,11 @@ class NodeView:
         pool = self.shared_pool
         out: dict[str, ContainerIntent] = {}
         for cid in ids:
-            record = state.containers.by_id(cid)
+            record = state._containers.by_id(cid)
             if record is not None:
                 intent = self._intent(record, pool)
-            elif cid in state.sandboxes and pool:
-                intent = sandbox_intent(state.sandboxes[cid], pool.format())
+            elif cid in state._sandboxes and pool:
+                intent = sandbox_intent(state._sandboxes[cid], pool.format())
             else:
                 intent = None
             if intent is not None:
@@ -218,7 +263,7 @@ class NodeView:
         """Best-effort updates for every container that follows the shared pool: the
         shared ones, and claim holders whose claims asked for ``sharedPoolAccess`` (their
         claims' CPUs plus the pool). ``exclude`` is a container id to leave out."""
-        containers = self._state.containers
+        containers = self._state._containers
         pool = self.shared_pool
         by_id = {r.container_id: r for r in containers if r.is_shared}
         records = [
