@@ -1,8 +1,9 @@
 """The claims' status.devices writer against the loopback API server, through the real
 kubernetes client (dracpu.k8s.claim_status):
 
-- ``send_us``: what a prepare pays for telling the writer (``ClaimStatusWriter.send``,
-  no waiting), per claim;
+- ``event_us``: what a committed prepare pays for the writer, per claim: the state owner
+  builds its ``ClaimPrepared`` (``dracpu.state.events.claim_prepared``, only when someone
+  subscribed) and puts it in the writer's inbox without waiting;
 - ``apply_<n>_claims_ms``: from the first of n prepared claims sent to the last one's
   entries applied (one server-side apply per claim, one at a time);
 - ``remove_<n>_claims_ms``: the same for the n unprepares;
@@ -11,6 +12,7 @@ kubernetes client (dracpu.k8s.claim_status):
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import tempfile
@@ -20,13 +22,13 @@ from typing import Any
 
 import trio
 
-from dracpu.k8s.claim_status import (
-    ClaimPrepared,
-    ClaimStatusWriter,
-    ClaimUnprepared,
-    StatusDevice,
-)
+from dracpu.allocation.prepare import AllocationResult, ClaimAllocation
+from dracpu.allocation.store import ClaimRecord, PreparedDevice
+from dracpu.cpuset import CPUSet
+from dracpu.k8s.claim_status import ClaimStatusWriter
 from dracpu.k8s.client import KubeClient
+from dracpu.messages import ClaimEvent, ClaimUnprepared
+from dracpu.state.events import claim_prepared
 from dracpu_sim.apiserver import SimAPIServer
 from dracpu_sim.apiserver.resources import RESOURCE_CLAIMS
 
@@ -83,34 +85,50 @@ async def one_run(tmp: Path) -> tuple[float, float, float]:
             count=lambda operation, result: done.append(result),
             rand=random.Random(1).random,
         )
-        await nursery.start(writer.run)
-        changes = [
-            ClaimPrepared(
-                uid=uid,
-                namespace="default",
-                name=f"c{i}",
-                cpus=str(i),
-                devices=(StatusDevice(pool=NODE, device=f"cpudev{i:03d}"),),
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        # What the owner holds at the commit: the claim as the prepare read it, the record.
+        held = [
+            (
+                ClaimAllocation(
+                    uid=uid,
+                    namespace="default",
+                    name=f"c{i}",
+                    results=(
+                        AllocationResult(
+                            request="cpus", driver="dra.cpu", pool=NODE, device=f"cpudev{i:03d}"
+                        ),
+                    ),
+                ),
+                ClaimRecord(
+                    uid=uid,
+                    cpus=CPUSet([i]),
+                    namespace="default",
+                    name=f"c{i}",
+                    devices=(PreparedDevice(pool_name=NODE, device_name=f"cpudev{i:03d}"),),
+                ),
             )
             for i, uid in enumerate(uids)
         ]
         start = time.perf_counter()
-        for change in changes:
-            writer.send(change)
-        send_us = (time.perf_counter() - start) / CLAIMS * 1e6
+        for claim, record in held:
+            owner.send_nowait(claim_prepared(record, claim))
+        event_us = (time.perf_counter() - start) / CLAIMS * 1e6
         while len(done) < CLAIMS:
             await trio.sleep(0.001)
         apply_ms = (time.perf_counter() - start) * 1000
         assert set(done) == {"success"}, done
         start = time.perf_counter()
         for i, uid in enumerate(uids):
-            writer.send(ClaimUnprepared(uid=uid, namespace="default", name=f"c{i}"))
+            owner.send_nowait(
+                ClaimUnprepared(uid=uid, namespace="default", name=f"c{i}", cpus=str(i))
+            )
         while len(done) < 2 * CLAIMS:
             await trio.sleep(0.001)
         remove_ms = (time.perf_counter() - start) * 1000
         kube.close()
         nursery.cancel_scope.cancel()
-    return send_us, apply_ms, remove_ms
+    return event_us, apply_ms, remove_ms
 
 
 async def main() -> None:
@@ -118,10 +136,10 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(RUNS):
             runs.append(await one_run(Path(tmp)))
-    send_us = statistics.median(r[0] for r in runs)
+    event_us = statistics.median(r[0] for r in runs)
     apply_ms = statistics.median(r[1] for r in runs)
     remove_ms = statistics.median(r[2] for r in runs)
-    print(f"send_us: {send_us:.1f} us")
+    print(f"event_us: {event_us:.1f} us")
     print(f"apply_{CLAIMS}_claims_ms: {apply_ms:.0f} ms")
     print(f"remove_{CLAIMS}_claims_ms: {remove_ms:.0f} ms")
     print(f"apply_per_claim_ms: {apply_ms / CLAIMS:.2f} ms")

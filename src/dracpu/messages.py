@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointWritten",
+    "ClaimDevice",
     "ClaimEvent",
     "ClaimPrepared",
     "ClaimUnprepared",
@@ -130,26 +131,41 @@ class ClaimsChanged(msgspec.Struct, frozen=True, kw_only=True):
     reply: trio.MemorySendChannel[CheckpointWritten] | None = None
 
 
+class ClaimDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One prepared device of a claim as its allocation result names it: the pool, the
+    device and, for a device shared through consumable capacity, the result's share ID
+    (what ``status.devices`` entries are keyed on)."""
+
+    pool: str
+    device: str
+    share_id: str = ""
+
+
 class ClaimPrepared(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A prepare committed: the claim is prepared for everyone now (its spec and the
-    checkpoint holding it are on disk). ``devices`` are its device names, in order."""
+    checkpoint holding it are on disk). ``devices`` are its devices of this driver, in the
+    order of its allocation results; ``shared_pool_access`` whether a request asked for the
+    shared pool too. ``repeated``: the kubelet prepared a claim already prepared (nothing
+    changed on the node); only subscribers that asked hear those."""
 
     uid: str
     namespace: str = ""
     name: str = ""
     cpus: str
-    devices: tuple[str, ...] = ()
+    devices: tuple[ClaimDevice, ...] = ()
+    shared_pool_access: bool = False
+    repeated: bool = False
 
 
 class ClaimUnprepared(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """An unprepare committed: the claim and its CPUs are released (the checkpoint without
-    it is on disk). The fields are the claim's as it was prepared."""
+    it is on disk). ``namespace`` and ``name`` are the kubelet's for the claim (a claim
+    adopted at Synchronize has no others); ``cpus`` are those it held."""
 
     uid: str
     namespace: str = ""
     name: str = ""
     cpus: str
-    devices: tuple[str, ...] = ()
 
 
 ClaimEvent: TypeAlias = ClaimPrepared | ClaimUnprepared

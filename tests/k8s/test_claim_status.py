@@ -1,10 +1,13 @@
-"""dracpu's entries in ResourceClaim status.devices: the pure body builders and the writer
-service against a scripted API (the simulated API server's side is in
-tests/sim/test_apiserver_claim_status.py)."""
+"""dracpu's entries in ResourceClaim status.devices: the pure body builders
+(dracpu.k8s.claim_status_body) and the writer service (dracpu.k8s.claim_status) taking the
+owner's claim events against a scripted API (the owner's events reaching it through a real
+prepare are in tests/kubelet/test_dra_claim_status_hook.py, the simulated API server's side
+in tests/sim/test_apiserver_claim_status.py)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,19 +19,20 @@ import trio.testing
 from builders import cs, grid
 from prometheus_client import CollectorRegistry
 
-from dracpu.k8s.claim_status import (
+from dracpu.k8s.claim_status import ClaimStatusWriter
+from dracpu.k8s.claim_status_body import (
     APPLY_PATCH,
     DATA_MAX_BYTES,
     FIELD_MANAGER,
-    ClaimPrepared,
-    ClaimStatusWriter,
-    ClaimUnprepared,
-    StatusDevice,
     apply_body,
+    decode_answer,
     device_data,
+    entry_keys,
     removal_body,
+    wanted_keys,
 )
 from dracpu.k8s.client import Invalid, K8sError, NotFound, ServerError
+from dracpu.messages import ClaimDevice, ClaimEvent, ClaimPrepared, ClaimUnprepared
 from dracpu.metrics import DriverMetrics
 
 # One socket, two NUMA nodes of two 2-thread cores: core g holds CPUs g and g+4;
@@ -44,7 +48,7 @@ def prepared(cpus: str = "0,4", *devices: str, uid: str = UID, **kw: Any) -> Cla
         namespace="default",
         name="pinned",
         cpus=cpus,
-        devices=tuple(StatusDevice(pool="node-1", device=d) for d in devices or ("cpudev000",)),
+        devices=tuple(ClaimDevice(pool="node-1", device=d) for d in devices or ("cpudev000",)),
         **kw,
     )
 
@@ -113,7 +117,7 @@ def test_apply_body_names_the_share_of_a_shared_device() -> None:
         namespace="ns",
         name="c",
         cpus="2",
-        devices=(StatusDevice(pool="node-1", device="cpudevnuma001", share_id=share),),
+        devices=(ClaimDevice(pool="node-1", device="cpudevnuma001", share_id=share),),
     )
     body = apply_body(change, topology=TOPO, node_name="", since=SINCE)
     (entry,) = body["status"]["devices"]
@@ -132,6 +136,41 @@ def test_removal_body_applies_nothing() -> None:
 def test_a_prepared_change_with_a_bad_cpuset_is_refused_by_the_builder() -> None:
     with pytest.raises(ValueError):
         apply_body(prepared("0-"), topology=TOPO, node_name="n", since=SINCE)
+
+
+def test_the_answer_is_read_for_the_uid_and_our_entries_only() -> None:
+    share = "6a1b0f0e-8d39-4f6e-9c38-2f4a0a1b2c3d"
+    raw = json.dumps(
+        {
+            "metadata": {"uid": UID},
+            "status": {
+                "devices": [
+                    {"driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"},
+                    {"driver": "dra.cpu", "pool": "node-1", "device": "cpudev000"},
+                    {"driver": "dra.cpu", "pool": "node-1", "device": "d1", "shareID": share},
+                    "not an entry",
+                ]
+            },
+        }
+    ).encode()
+    answer = decode_answer(raw)
+    assert answer.metadata["uid"] == UID
+    assert entry_keys(answer.status["devices"]) == {
+        ("node-1", "cpudev000", ""),
+        ("node-1", "d1", share),
+    }
+    change = ClaimPrepared(
+        uid=UID,
+        namespace="default",
+        name="pinned",
+        cpus="0",
+        devices=(ClaimDevice(pool="node-1", device="d1", share_id=share),),
+    )
+    assert wanted_keys(change) <= entry_keys(answer.status["devices"])
+    # What does not decode, or holds no list, shows no UID and no entries.
+    assert decode_answer(b"<html>502</html>").metadata == {}
+    assert decode_answer(b'{"metadata": 3}').status == {}
+    assert entry_keys({"driver": "dra.cpu"}) == set()
 
 
 # -- the writer ---------------------------------------------------------------------------
@@ -174,7 +213,18 @@ class ScriptedKube:
         return answer
 
 
-def writer(kube: ScriptedKube, **kw: Any) -> tuple[ClaimStatusWriter, DriverMetrics]:
+class Owner:
+    """The state owner's end of a writer's inbox (``NodeState.claim_events`` hands the
+    writer the other): ``owner(event)`` publishes as the owner does, without waiting."""
+
+    def __init__(self) -> None:
+        self.send, self.inbox = trio.open_memory_channel[ClaimEvent](math.inf)
+
+    def __call__(self, event: ClaimEvent) -> None:
+        self.send.send_nowait(event)
+
+
+def writer(kube: ScriptedKube, **kw: Any) -> tuple[ClaimStatusWriter, DriverMetrics, Owner]:
     metrics = DriverMetrics(CollectorRegistry())
     w = ClaimStatusWriter(
         kube,  # type: ignore[arg-type]
@@ -185,7 +235,11 @@ def writer(kube: ScriptedKube, **kw: Any) -> tuple[ClaimStatusWriter, DriverMetr
         now=lambda: SINCE,
         **kw,
     )
-    return w, metrics
+    return w, metrics, Owner()
+
+
+def unprepared(uid: str = UID, cpus: str = "0,4") -> ClaimUnprepared:
+    return ClaimUnprepared(uid=uid, namespace="default", name="pinned", cpus=cpus)
 
 
 def count(metrics: DriverMetrics, operation: str, result: str) -> float:
@@ -201,10 +255,10 @@ async def test_a_prepare_is_applied_with_our_field_manager(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube()
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w)
         nursery.cancel_scope.cancel()
     ((method, args, kwargs),) = kube.calls
@@ -220,12 +274,12 @@ async def test_the_same_status_again_is_not_written_twice(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube()
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w)
-        w.send(prepared())  # the kubelet prepares again (a retry, a restart)
+        owner(prepared())  # the kubelet prepares again (a retry, a restart)
         await settle(w)
         nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
@@ -234,12 +288,12 @@ async def test_the_same_status_again_is_not_written_twice(
 
 async def test_an_unprepare_removes_our_entries(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube()
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w)
-        w.send(ClaimUnprepared(uid=UID, namespace="default", name="pinned"))
+        owner(unprepared())
         await settle(w)
         nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
@@ -251,12 +305,12 @@ async def test_a_status_never_written_is_not_taken_back(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube()
-    w, _ = writer(kube)
+    w, _, owner = writer(kube)
     # Both arrive before the writer runs: the last word is that there is nothing to write.
-    w.send(prepared())
-    w.send(ClaimUnprepared(uid=UID, namespace="default", name="pinned"))
+    owner(prepared())
+    owner(unprepared())
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
+        await nursery.start(w.run, owner.inbox)
         await settle(w)
         nursery.cancel_scope.cancel()
     assert kube.calls == []
@@ -266,11 +320,11 @@ async def test_a_failed_write_is_counted_and_retried_with_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube(ServerError("etcd is slow", status=500), echo())
-    w, metrics = writer(kube, backoff_base=2.0)
+    w, metrics, owner = writer(kube, backoff_base=2.0)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
+        await nursery.start(w.run, owner.inbox)
         start = trio.current_time()
-        w.send(prepared())
+        owner(prepared())
         await settle(w)
         assert len(kube.calls) == 1
         assert w.describe()["claims"] == {UID: "writing (retrying: etcd is slow)"}
@@ -286,10 +340,10 @@ async def test_a_failed_write_is_counted_and_retried_with_backoff(
 
 async def test_retry_after_is_honoured(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube(ServerError("busy", status=503, retry_after=20.0), echo())
-    w, _ = writer(kube)
+    w, _, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w, 19.0)
         assert len(kube.calls) == 1
         await settle(w, 2.0)
@@ -301,10 +355,10 @@ async def test_an_invalid_status_is_refused_once_and_not_retried(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube(Invalid("must be an allocated device in the claim", status=422))
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w, 600.0)
         nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
@@ -314,10 +368,10 @@ async def test_an_invalid_status_is_refused_once_and_not_retried(
 
 async def test_a_deleted_claim_is_gone(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube(NotFound('resourceclaims.resource.k8s.io "pinned" not found', status=404))
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w, 600.0)
         nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
@@ -329,10 +383,10 @@ async def test_forbidden_is_said_once_and_retried_rarely(
 ) -> None:
     forbidden = K8sError("forbidden", status=403)
     kube = ScriptedKube(forbidden, forbidden, echo())
-    w, metrics = writer(kube, forbidden_retry=300.0)
+    w, metrics, owner = writer(kube, forbidden_retry=300.0)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w, 299.0)
         assert len(kube.calls) == 1
         await settle(w, 302.0)
@@ -350,12 +404,14 @@ async def test_a_server_that_drops_the_field_stops_the_writer(
     # The DRAResourceClaimDeviceStatus gate off: the apply succeeds, status.devices is gone.
     dropped = json.dumps({"metadata": {"uid": UID}, "status": {}}).encode()
     kube = ScriptedKube(dropped)
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w)
-        w.send(prepared("1,5", uid="another"))
+        # The writer closed its inbox: the owner drops it and builds no more events for it.
+        with pytest.raises(trio.BrokenResourceError):
+            owner(prepared("1,5", uid="another"))
         await settle(w, 600.0)
         nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
@@ -367,10 +423,10 @@ async def test_a_replaced_claim_gets_back_what_was_applied_to_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube(echo(uid="someone-else"), echo(uid="someone-else"))
-    w, metrics = writer(kube)
+    w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
         await settle(w)
         nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
@@ -379,14 +435,52 @@ async def test_a_replaced_claim_gets_back_what_was_applied_to_it(
 
 async def test_a_writer_turned_off_writes_nothing(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube()
-    w, _ = writer(kube, enabled=False)
+    w, _, owner = writer(kube, enabled=False)
+    owner(prepared())  # queued before the service starts: dropped with the inbox
     async with trio.open_nursery() as nursery:
-        await nursery.start(w.run)
-        w.send(prepared())
+        await nursery.start(w.run, owner.inbox)
         await settle(w)
+        # Its inbox is closed at once, so the owner never builds an event for it.
+        with pytest.raises(trio.BrokenResourceError):
+            owner(prepared())
+        await settle(w, 600.0)
         nursery.cancel_scope.cancel()
     assert kube.calls == []
     assert w.describe()["disabled"] == "turned off"
+
+
+async def test_the_writer_ends_when_the_owner_stops_publishing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube()
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
+        owner.send.close()  # NodeState.close_channels, as the daemon stops
+        with trio.fail_after(1):
+            await trio.testing.wait_all_tasks_blocked()
+        # The service returned on its own: nothing is left in the nursery.
+        assert not nursery.child_tasks
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "success") == 1
+
+
+async def test_a_repeated_prepare_after_a_restart_writes_the_status(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # dracpu stopped after the prepare committed and before the status was written; the
+    # kubelet, with no reply, prepares again: a new writer hears the repeat and writes.
+    kube = ScriptedKube()
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    ((_, args, _),) = kube.calls
+    assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=SINCE)
+    assert count(metrics, "apply", "success") == 1
 
 
 def test_bad_settings_are_refused() -> None:

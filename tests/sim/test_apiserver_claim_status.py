@@ -6,6 +6,7 @@ against it through the official client."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -22,16 +23,10 @@ import trio
 import trio.testing
 from builders import allocation, device_result, resource_claim
 
-from dracpu.k8s.claim_status import (
-    FIELD_MANAGER,
-    ClaimPrepared,
-    ClaimStatusWriter,
-    ClaimUnprepared,
-    StatusDevice,
-    apply_body,
-    removal_body,
-)
+from dracpu.k8s.claim_status import ClaimStatusWriter
+from dracpu.k8s.claim_status_body import FIELD_MANAGER, apply_body, removal_body
 from dracpu.k8s.client import Invalid, KubeClient, load_api_client
+from dracpu.messages import ClaimDevice, ClaimEvent, ClaimPrepared, ClaimUnprepared
 from dracpu_sim.apiserver import SimAPIServer
 from dracpu_sim.apiserver.errors import ApiError
 from dracpu_sim.apiserver.resources import RESOURCE_CLAIMS
@@ -322,11 +317,13 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
         namespace="ns",
         name="c1",
         cpus="2-3",
-        devices=(StatusDevice(pool="node-a", device="cpudev000"),),
+        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
     )
     async with trio.open_nursery() as nursery:
-        await nursery.start(writer.run)
-        writer.send(change)
+        # The owner's end of the writer's inbox (NodeState.claim_events in the daemon).
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        owner.send_nowait(change)
         with trio.fail_after(10):
             while not counted:
                 await trio.sleep(0.01)
@@ -339,7 +336,7 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
             client.resource.read_namespaced_resource_claim_status, "c1", "ns"
         )
         assert msgspec.json.decode(raw) == claim
-        writer.send(ClaimUnprepared(uid=uid, namespace="ns", name="c1"))
+        owner.send_nowait(ClaimUnprepared(uid=uid, namespace="ns", name="c1", cpus="2-3"))
         with trio.fail_after(10):
             while len(counted) < 2:
                 await trio.sleep(0.01)
@@ -359,7 +356,7 @@ async def test_the_client_sees_the_refusal_as_invalid(
         namespace="ns",
         name="c1",
         cpus="0",
-        devices=(StatusDevice(pool="node-a", device="cpudev042"),),
+        devices=(ClaimDevice(pool="node-a", device="cpudev042"),),
     )
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
     with pytest.raises(Invalid) as info:
@@ -400,7 +397,7 @@ async def test_kubectl_shows_the_entries_the_writer_applied(
         namespace="ns",
         name="c1",
         cpus="0-1",
-        devices=(StatusDevice(pool="node-a", device="cpudev000"),),
+        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
     )
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
     await client.call_raw(
@@ -454,21 +451,24 @@ async def test_the_writer_stops_when_the_server_drops_the_field(tmp_path: Path) 
             count=lambda op, result: counted.append((op, result)),
             now=lambda: NOW,
         )
-        await nursery.start(writer.run)
-        writer.send(
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        owner.send_nowait(
             ClaimPrepared(
                 uid=uid,
                 namespace="ns",
                 name="c1",
                 cpus="0",
-                devices=(StatusDevice(pool="node-a", device="cpudev000"),),
+                devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
             )
         )
         with trio.fail_after(10):
             while not counted:
                 await trio.sleep(0.01)
-        # Nothing more is written: not this claim's removal, not another claim.
-        writer.send(ClaimUnprepared(uid=uid, namespace="ns", name="c1"))
+        # Nothing more is written: not this claim's removal, not another claim (the
+        # writer closed its inbox, so the owner drops it).
+        with pytest.raises(trio.BrokenResourceError):
+            owner.send_nowait(ClaimUnprepared(uid=uid, namespace="ns", name="c1", cpus="0"))
         await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
     client.close()

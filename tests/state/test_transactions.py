@@ -19,7 +19,7 @@ from dracpu.allocation.store import AllocationStore, ContainerRecord, SandboxRec
 from dracpu.cdi import CDIError
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory
-from dracpu.messages import ClaimPrepared, ClaimUnprepared, ContainerIntent
+from dracpu.messages import ClaimDevice, ClaimPrepared, ClaimUnprepared, ContainerIntent
 from dracpu.state import (
     AdmissionError,
     CheckpointFile,
@@ -94,7 +94,7 @@ async def test_prepare_commits_after_the_spec_and_publishes_one_event() -> None:
     event = events.receive_nowait()
     assert isinstance(event, ClaimPrepared)
     assert (event.uid, event.name, event.cpus) == ("u1", "claim-u1", held.format())
-    assert event.devices == ("cpudevnuma000",)
+    assert event.devices == (ClaimDevice(pool="node-a", device="cpudevnuma000"),)
     # A repeated prepare rewrites the spec, reserves nothing anew, publishes nothing.
     again = await state.prepare(claim("u1", result("cpudevnuma000", 4)), steps)
     assert (again.error, again.new) == ("", False)

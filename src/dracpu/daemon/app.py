@@ -101,7 +101,8 @@ class Daemon:
         self.proc_root = proc_root
         self.registry = registry or CollectorRegistry()
         self.metrics = DriverMetrics(self.registry)
-        # The claims' status.devices, written beside prepares (k8s/claim_status.py).
+        # The claims' status.devices, written beside prepares (k8s/claim_status.py)
+        # from the owner's claim events (subscribed once the state exists).
         self.claim_status = ClaimStatusWriter(
             kube,
             node_name=node_name,
@@ -357,7 +358,11 @@ class Daemon:
             # gives back what a crash left banned.
             Service(name="irq", run=partial(self.irq.run, self.state.claim_events())),
             Service(name="topology", run=partial(self._follow_topology, topology_in)),
-            Service(name="claim-status", run=self.claim_status.run),
+            # Writes claims' status.devices from the owner's events, repeats included.
+            Service(
+                name="claim-status",
+                run=partial(self.claim_status.run, self.state.claim_events(repeated_prepares=True)),
+            ),
         ]
         purger = self.kubelet.dra.metadata_purger
         if purger is not None:  # deletes the device metadata unprepares set aside
@@ -388,7 +393,6 @@ class Daemon:
             node_name=self.node_name,
             # Device metadata for the workload, as upstream's kubelet-plugin helper writes.
             plugin_data_dir=paths.plugin_dir,
-            claim_status=self.claim_status.send,
         )
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]

@@ -32,7 +32,6 @@ from dracpu.allocation.prepare import ClaimAllocation, ClaimPlan, DeviceNames
 from dracpu.cdi import cdi_device_id, on_memory_filesystem, remove_claim_spec, write_claim_spec
 from dracpu.cpuset import CPUSet
 from dracpu.grpc.framing import MAX_MESSAGE_SIZE
-from dracpu.k8s.claim_status import ClaimStatusChange, ClaimUnprepared, claim_prepared
 from dracpu.k8s.claims import ClaimReadError
 from dracpu.k8s.names import shorten
 from dracpu.kubelet._aio import Serializer
@@ -160,12 +159,8 @@ class DRAService:
         offload_io: bool | None = None,
         plugin_data_dir: str | None = None,
         serial: Serializer | None = None,
-        claim_status: Callable[[ClaimStatusChange], None] | None = None,
     ) -> None:
         self.claims = claims
-        # Told of every committed prepare and unprepare without waiting: the claim's
-        # status.devices is written beside the reply, never in its way (k8s/claim_status.py).
-        self.claim_status = claim_status
         self.state = state
         # The owner plans with these (and takes later ones from CPU hotplug).
         state.use_topology(topology, inventory, online)
@@ -292,8 +287,6 @@ class DRAService:
             )
             self.metrics.claim_allocated_cpus.observe(len(plan.cpus))
         devices = _reply_devices(claim, plan)
-        if self.claim_status is not None:
-            self.claim_status(claim_prepared(claim, plan.record, devices))
         if self.plugin_data_dir is not None:
             devices = await self._with_metadata(claim, plan, devices)
         return ClaimPrepareResult(devices=devices)
@@ -338,8 +331,6 @@ class DRAService:
             where = f"{shorten(ref.namespace)}/{shorten(ref.name)}"
             log.info("unprepare of claim %s failed: %s", where, outcome.error)
         record = outcome.released
-        if record is not None and self.claim_status is not None:
-            self.claim_status(ClaimUnprepared(uid=ref.uid, namespace=ref.namespace, name=ref.name))
         if record is not None:
             log.info(
                 "unprepared claim %s/%s uid=%s cpus=%s",

@@ -89,6 +89,7 @@ async def _commit_prepare(
     new claim stays pending (invisible) until both files are on disk, so nothing can
     have used its CPUs when it is dropped."""
     if not new:
+        state._repeat_prepare(claim)
         return ""
     try:
         await state.make_durable("prepare")
@@ -99,7 +100,7 @@ async def _commit_prepare(
         except CDIError as rm_exc:
             kubelet_log.warning("cannot remove the CDI spec of a rolled back claim: %s", rm_exc)
         return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
-    state._finish_prepare(plan)
+    state._finish_prepare(plan, claim)
     return ""
 
 
@@ -147,6 +148,6 @@ async def unprepare(
                     error=f"failed to record claim {namespace}/{name}: {exc}",
                     failed_at="record",
                 )
-            state._finish_unprepare(claim_uid)
+            state._finish_unprepare(claim_uid, namespace, name)
             await steps.remove_metadata(namespace, name, claim_uid)
     return UnprepareOutcome(released=record)

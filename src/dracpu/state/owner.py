@@ -57,11 +57,11 @@ from dracpu.messages import (
     ClaimPrepared,
     ClaimsChanged,
     ClaimsChangeReason,
-    ClaimUnprepared,
     SharedPoolChanged,
 )
 from dracpu.metrics import DriverMetrics
 from dracpu.state import claims as claim_transactions
+from dracpu.state import events
 from dracpu.state.steps import (
     AdmissionError,
     ClaimSteps,
@@ -133,7 +133,8 @@ class NodeState:
         self._writer_running = False
         self._claims_out: trio.MemorySendChannel[ClaimsChanged] | None = None
         self._pool_out: trio.MemorySendChannel[SharedPoolChanged] | None = None
-        self._events_out: list[trio.MemorySendChannel[ClaimEvent]] = []
+        # Each claim events subscriber, and whether it hears repeated prepares too.
+        self._events_out: dict[trio.MemorySendChannel[ClaimEvent], bool] = {}
         # Set by ``close_channels``: the owner publishes nothing more, ever.
         self._closed = False
         self.refresh_gauges()
@@ -166,9 +167,13 @@ class NodeState:
             self._pool_out = send
         return receive
 
-    def claim_events(self) -> trio.MemoryReceiveChannel[ClaimEvent]:
+    def claim_events(
+        self, *, repeated_prepares: bool = False
+    ) -> trio.MemoryReceiveChannel[ClaimEvent]:
         """A new subscriber's inbox of ``ClaimPrepared`` and ``ClaimUnprepared``, one per
-        committed prepare or unprepare (not for a repeated prepare of a prepared claim).
+        committed prepare or unprepare. A repeated prepare of a prepared claim changes
+        nothing and is heard only with ``repeated_prepares`` (``ClaimPrepared.repeated``):
+        the claim status writer says it again, as a restarted dracpu knows no better.
 
         Unbounded: sent from the commit step, which must not await; a subscriber that
         falls behind holds one small message per kubelet call. A subscriber that closes
@@ -178,7 +183,7 @@ class NodeState:
         if self._closed:
             send.close()
         else:
-            self._events_out.append(send)
+            self._events_out[send] = repeated_prepares
         return receive
 
     def close_channels(self) -> None:
@@ -191,7 +196,7 @@ class NodeState:
             if out is not None:
                 out.close()
         self._claims_out = self._pool_out = None
-        self._events_out = []
+        self._events_out = {}
 
     async def publishing(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -226,11 +231,13 @@ class NodeState:
             )
 
     def _publish_event(self, event: ClaimEvent) -> None:
-        kept = []
-        for out in self._events_out:
+        repeated = isinstance(event, ClaimPrepared) and event.repeated
+        kept = {}
+        for out, repeats in self._events_out.items():
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                out.send_nowait(event)
-                kept.append(out)
+                if repeats or not repeated:
+                    out.send_nowait(event)
+                kept[out] = repeats
         self._events_out = kept
 
     def refresh_gauges(self) -> None:
@@ -329,14 +336,23 @@ class NodeState:
         except StoreError as exc:
             raise PrepareError(str(exc)) from None
 
-    def _finish_prepare(self, plan: ClaimPlan) -> None:
-        """The claim's spec and checkpoint are on disk: it is prepared for everyone now."""
+    def _finish_prepare(self, plan: ClaimPlan, claim: ClaimAllocation | None = None) -> None:
+        """The claim's spec and checkpoint are on disk: it is prepared for everyone now.
+        ``claim`` (as the kubelet's prepare read it) names the event's devices' shares."""
         record = self._store.commit(plan.claim_uid)
         if record is not None:
             self.refresh_gauges()
             self._publish_pool()
             if self._events_out:  # nobody subscribed: build no event
-                self._publish_event(ClaimPrepared(**_event_fields(record)))
+                self._publish_event(events.claim_prepared(record, claim))
+
+    def _repeat_prepare(self, claim: ClaimAllocation) -> None:
+        """The kubelet prepared a claim already prepared: nothing changes, but the
+        subscribers that asked hear it again."""
+        if any(self._events_out.values()):
+            record = self._store.get(claim.uid)
+            if record is not None:
+                self._publish_event(events.claim_prepared(record, claim, repeated=True))
 
     def _abort_prepare(self, plan: ClaimPlan) -> None:
         """The prepare failed before anyone saw the claim; the next checkpoint drops it."""
@@ -346,14 +362,14 @@ class NodeState:
         """Leave the claim out of the next checkpoint; it stays prepared until finished."""
         return self._store.begin_release(claim_uid)
 
-    def _finish_unprepare(self, claim_uid: str) -> None:
+    def _finish_unprepare(self, claim_uid: str, namespace: str = "", name: str = "") -> None:
         record = self._store.get(claim_uid) if self._events_out else None
         self._store.release(claim_uid)
         self._tracker.release([claim_uid])
         self.refresh_gauges()
         self._publish_pool()
         if record is not None:
-            self._publish_event(ClaimUnprepared(**_event_fields(record)))
+            self._publish_event(events.claim_unprepared(record, namespace, name))
 
     def _abort_unprepare(self, claim_uid: str) -> None:
         self._store.cancel_release(claim_uid)
@@ -438,13 +454,3 @@ class NodeState:
             self.refresh_gauges()
             self._publish_claims("synchronize")
             self._publish_pool()
-
-
-def _event_fields(record: ClaimRecord) -> dict[str, Any]:
-    return {
-        "uid": record.uid,
-        "namespace": record.namespace,
-        "name": record.name,
-        "cpus": record.cpus.format(),
-        "devices": tuple(d.device_name for d in record.devices),
-    }
