@@ -93,8 +93,12 @@ def test_the_record_is_on_disk_before_a_mask_changes(tmp_path: Path, proc: Path)
     svc.proc = Spy(str(proc), managed=set())
     svc.apply(CPUSet.parse("2-3"))
     assert seen and all(s["banned"] == "2-3" for s in seen)
-    assert seen[0]["originals"] == {str(k): v for k, v in ORIGINAL.items()}
-    assert seen[0]["default_original"] == "ff"
+    # What dracpu is about to change: the originals, and what it will write (pending).
+    assert seen[0]["originals"] == {"24": "0-7", "27": "0-7"}
+    assert seen[0]["pending"] == {"24": "0-1,4-7", "27": "0-1,4-7"}
+    assert seen[0]["default_original"] == "ff" and seen[0]["default_pending"] == "f3"
+    saved = json.loads((tmp_path / "state" / RECORD_FILE).read_text())
+    assert saved["pending"] == {} and saved["written"] == {"24": "0-1,4-7", "27": "0-1,4-7"}
 
 
 def test_restart_in_the_middle_restores_from_the_record(tmp_path: Path, proc: Path) -> None:

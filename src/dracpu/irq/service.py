@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
 from dracpu.allocation.store import ClaimRecord
-from dracpu.cpuset import CPUSet
+from dracpu.cpuset import MAX_CPU_ID, CPUSet
 from dracpu.irq.masks import HexMask
 from dracpu.irq.metrics import IrqMetrics
 from dracpu.irq.plan import plan_pass
@@ -77,6 +77,7 @@ class PassReport:
     written: int = 0
     refused: list[int] = field(default_factory=list)
     would_empty: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     default_problem: str = ""
 
@@ -86,6 +87,7 @@ class PassReport:
             "written": self.written,
             "refused": self.refused,
             "wouldEmpty": self.would_empty,
+            "waitingForOnlineCPU": self.waiting,
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             **({"defaultAffinity": self.default_problem} if self.default_problem else {}),
         }
@@ -101,15 +103,19 @@ class IrqIsolation:
         *,
         boot_id: str,
         claims: Callable[[], Iterable[ClaimRecord]],
+        online: Callable[[], CPUSet] | None = None,
         isolate_all: bool = False,
         metrics: IrqMetrics | None = None,
         resync_interval: float = 60.0,
         retry_interval: float = 30.0,
+        online_interval: float = 5.0,
     ) -> None:
         self.proc = ProcIrq(proc_root)
         self.record_file = RecordFile(state_dir)
         self.boot_id = boot_id
         self.claims = claims
+        self.online = online
+        self.online_interval = online_interval
         self.isolate_all = isolate_all
         self.metrics = metrics
         self.resync_interval = resync_interval
@@ -121,6 +127,12 @@ class IrqIsolation:
         # Interrupts the kernel refused to move: refused for their whole life.
         self._refused: set[int] = set()
         self._one_pass = trio.CapacityLimiter(1)
+        # The online CPUs the last pass planned with (None: not known).
+        self._online_seen: CPUSet | None = None
+        # Claims restored without their options (the checkpoint was lost: restored from
+        # the CDI specs or the running containers) whose CPUs the record says were banned:
+        # UID -> those CPUs, kept banned until the claim is unprepared.
+        self.inherited: dict[str, CPUSet] = {}
 
     # -- blocking halves (worker thread) ------------------------------------------------
     def load(self) -> None:
@@ -135,16 +147,25 @@ class IrqIsolation:
                 interrupts=len(self.record.originals),
             )
 
+    def _online_now(self) -> CPUSet | None:
+        """The online CPUs, None when not known (every CPU then counts as online)."""
+        if self.online is None:
+            return None
+        return self.online() or None
+
     def apply(self, banned: CPUSet) -> PassReport:
         """One pass (blocking). Raises IrqFileError or IrqRecordError when it wrote nothing."""
         report = PassReport(banned=banned)
         record = self.record
+        online = self._online_now()
+        self._online_seen = online
         if not banned and record.empty:
             self._show(report)
             return report
         current_default = self.proc.read_default()
+        listed = self.proc.irqs()
         current: dict[int, CPUSet] = {}
-        for irq in self.proc.irqs():
+        for irq in listed:
             try:
                 current[irq] = self.proc.read_affinity(irq)
             except IrqFileError as exc:
@@ -154,19 +175,47 @@ class IrqIsolation:
             current=current,
             current_default=current_default,
             originals=record.originals,
+            written=record.written,
             default_original=record.default_original,
+            default_written=record.default_written,
+            pending=record.pending,
+            default_pending=record.default_pending,
+            present=record.present,
+            online=online,
         )
         originals = dict(plan.originals)
-        for irq in report.errors:  # unreadable now: what was remembered stays remembered
+        written = dict(plan.written)
+        for irq in report.errors:  # unreadable now: what dracpu owned stays owned
             if irq in record.originals:
                 originals[irq] = record.originals[irq]
-        if _remembers_more(originals, plan.default_original, record):
-            # Every original a write may overwrite is on disk before the first write. (A
-            # pass that only gives back or widens the ban from known originals saves once,
-            # after its writes: a crash before then recomputes from the same originals.)
-            self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
+                written[irq] = record.written.get(irq, record.originals[irq])
+        default_original, default_written = plan.default_original, plan.default_written
+        present = CPUSet.from_mask(sum(1 << i for i in listed if i <= MAX_CPU_ID))
+        # Every mask a write changes to something other than its original is on disk as
+        # dracpu's (original and pending) before the write: a crash in between still knows
+        # it. Giving masks back needs nothing first: a crash leaves them at their originals.
+        merged = {**record.originals, **originals}
+        merged_default = default_original or record.default_original
+        if any(merged.get(i) != cpus for i, cpus in plan.writes.items()) or (
+            plan.default_write is not None
+            and (merged_default is None or merged_default.cpus != plan.default_write.cpus)
+        ):
+            self._save(
+                replace(
+                    record,
+                    banned=banned,
+                    originals=merged,
+                    written={i: c for i, c in record.written.items() if i in merged},
+                    pending=dict(plan.writes),
+                    default_original=merged_default,
+                    default_pending=plan.default_write,
+                    present=present,
+                )
+            )
         if plan.default_would_empty:
             report.default_problem = "every CPU of the default affinity is banned: left as is"
+        if plan.default_waiting:
+            report.default_problem = "no CPU of the original default affinity is online: kept"
         if plan.default_write is not None:
             try:
                 self.proc.write_default(plan.default_write)
@@ -175,40 +224,80 @@ class IrqIsolation:
             except IrqWriteError as exc:
                 report.default_problem = str(exc)
                 self._count("error")
+                # Still what it was: dracpu's (with its original) only if it was before.
+                mine = (record.default_written, record.default_pending)
+                if record.default_original is not None and any(
+                    m is not None and m.cpus == current_default.cpus for m in mine
+                ):
+                    default_original, default_written = record.default_original, current_default
+                else:
+                    default_original = default_written = None
         report.would_empty = list(plan.would_empty)
-        restore_failed: set[int] = set()
+        report.waiting = list(plan.waiting)
         for irq, cpus in plan.writes.items():
             if irq in self._refused:
                 report.refused.append(irq)
+                self._unwritten(irq, banned, current[irq], record, originals, written)
                 continue
             try:
                 self.proc.write_affinity(irq, cpus)
             except IrqWriteError as exc:
                 if exc.gone:
                     originals.pop(irq, None)
-                elif exc.refused:
+                    written.pop(irq, None)
+                    continue
+                if exc.refused:
                     self._refused.add(irq)
                     report.refused.append(irq)
                     self._count("refused")
                 else:
                     report.errors[irq] = str(exc)
-                    restore_failed.add(irq)
                     self._count("error")
+                self._unwritten(irq, banned, current[irq], record, originals, written)
+                if exc.refused and not banned:
+                    originals.pop(irq, None)  # never given back by anyone: forgotten
+                    written.pop(irq, None)
                 continue
             report.written += 1
             self._count("success")
         # Refused interrupts left on banned CPUs: only those whose mask has banned CPUs.
         report.refused = [i for i in report.refused if current.get(i, CPUSet()) & banned]
-        if not banned:
-            # Given back: forget them, except what could not be read or written back.
-            keep = restore_failed | set(report.errors)
-            default_kept = plan.default_original if report.default_problem else None
-            originals = {i: c for i, c in originals.items() if i in keep}
-            self._save(IrqRecord(self.boot_id, CPUSet(), default_kept, originals))
-        else:
-            self._save(IrqRecord(self.boot_id, banned, plan.default_original, originals))
+        self._save(
+            IrqRecord(
+                boot_id=self.boot_id,
+                banned=banned,
+                default_original=default_original,
+                originals=originals,
+                written=written,
+                default_written=default_written,
+                present=present,
+            )
+        )
         self._show(report)
         return report
+
+    @staticmethod
+    def _unwritten(
+        irq: int,
+        banned: CPUSet,
+        now: CPUSet,
+        record: IrqRecord,
+        originals: dict[int, CPUSet],
+        written: dict[int, CPUSet],
+    ) -> None:
+        """A planned write did not happen: the mask is still ``now``. dracpu owns it (with
+        the original it had) only if it owned it before the pass."""
+        before = record.originals.get(irq)
+        owned = before is not None and now in (record.written.get(irq), record.pending.get(irq))
+        if not banned:
+            if owned and before is not None:
+                originals[irq], written[irq] = before, now  # given back at a later pass
+            return
+        if owned and before is not None:
+            originals[irq], written[irq] = before, now
+        else:
+            originals.pop(irq, None)
+            written.pop(irq, None)
 
     def _save(self, record: IrqRecord) -> None:
         """Write the record when it changed (atomically; IrqRecordError on failure)."""
@@ -232,6 +321,39 @@ class IrqIsolation:
             )
 
     # -- the service ----------------------------------------------------------------------
+    def inherit(self, claims: Iterable[ClaimRecord]) -> None:
+        """At start, after ``load``: a claim restored without its options (the checkpoint
+        was lost and the claims came back from the CDI specs or the running containers)
+        cannot say whether it asked for ``isolateIRQs``. Those of its CPUs the record says
+        were banned stay banned until it is unprepared, and the claim is named in a
+        warning. (With the node setting ``isolateIRQs`` every claim is banned anyway.)"""
+        if self.isolate_all or not self.record.banned:
+            return
+        for claim in claims:
+            if claim.options:
+                continue
+            kept = claim.cpus & self.record.banned
+            if kept:
+                self.inherited[claim.uid] = kept
+                log.warning(
+                    "claim restored without its allocation options: the interrupt ban of "
+                    "its CPUs is kept until it is unprepared",
+                    claim=f"{claim.namespace}/{claim.name}" if claim.name else claim.uid,
+                    uid=claim.uid,
+                    cpus=kept.format(),
+                )
+
+    def banned_now(self) -> CPUSet:
+        """The CPUs banned now: the prepared claims' that ask, and those inherited."""
+        claims = list(self.claims())
+        if self.inherited:
+            prepared = {c.uid for c in claims}
+            self.inherited = {u: c for u, c in self.inherited.items() if u in prepared}
+        mask = banned_cpus(claims, isolate_all=self.isolate_all).mask
+        for cpus in self.inherited.values():
+            mask |= cpus.mask
+        return CPUSet.from_mask(mask)
+
     async def run(
         self,
         changes: trio.MemoryReceiveChannel[Any],
@@ -239,33 +361,44 @@ class IrqIsolation:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """A pass at start, after each change of the prepared claims, every
-        ``resync_interval`` while something is banned, and ``retry_interval`` after one
-        that failed. The channel ending stops the service."""
+        ``resync_interval`` while something is banned or owned, ``retry_interval`` after
+        one that failed, and when the online CPUs changed (CPU hotplug): the owner's
+        online CPUs (``NodeView.online``, an in-memory read) are compared with the last
+        pass's every ``online_interval`` while something is banned or owned. The channel
+        ending stops the service."""
         # A read (a corrupt record is moved aside, whole): abandoned if a stop comes.
         await trio.to_thread.run_sync(self.load, abandon_on_cancel=True, limiter=self._one_pass)
+        self.inherit(self.claims())
         # The first pass before ``started``: a restart has put the masks right (given back
         # what no prepared claim bans any more) before the kubelet can call.
-        banned = banned_cpus(self.claims(), isolate_all=self.isolate_all)
+        banned = self.banned_now()
         failed = not await self._pass(banned)
         task_status.started()
         while True:
+            busy = bool(banned) or not self.record.empty
             if failed:
-                wait = self.retry_interval
-            elif banned:
-                wait = self.resync_interval
+                due = trio.current_time() + self.retry_interval
+            elif busy:
+                due = trio.current_time() + self.resync_interval
             else:
-                wait = math.inf
-            with trio.move_on_after(wait):
-                try:
-                    await changes.receive()
-                except trio.EndOfChannel:
-                    return
-                while True:  # one pass for every change queued meanwhile
+                due = math.inf
+            changed = False
+            while not changed:
+                poll = self.online_interval if busy and self.online is not None else math.inf
+                with trio.move_on_at(min(due, trio.current_time() + poll)):
                     try:
-                        changes.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-            banned = banned_cpus(self.claims(), isolate_all=self.isolate_all)
+                        await changes.receive()
+                    except trio.EndOfChannel:
+                        return
+                    changed = True
+                    while True:  # one pass for every change queued meanwhile
+                        try:
+                            changes.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                if trio.current_time() >= due or self._online_now() != self._online_seen:
+                    changed = True
+            banned = self.banned_now()
             failed = not await self._pass(banned)
 
     async def _pass(self, banned: CPUSet) -> bool:
