@@ -245,6 +245,8 @@ class Daemon:
             cfg.stateDir,
             boot_id=self.checkpoint.boot_id,
             claims=self.state.view.claims,
+            # Masks must keep an online CPU; a hotplug change wakes a pass (irq/service.py).
+            online=lambda: self.state.view.online,
             isolate_all=cfg.isolateIRQs,
             metrics=IrqMetrics(self.registry),
         )
