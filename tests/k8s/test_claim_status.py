@@ -90,7 +90,7 @@ def test_apply_body_has_one_ready_entry_per_device() -> None:
     body = apply_body(change, topology=TOPO, node_name="node-1", since=SINCE)
     assert body["apiVersion"] == "resource.k8s.io/v1"
     assert body["kind"] == "ResourceClaim"
-    assert body["metadata"] == {"name": "pinned", "namespace": "default"}
+    assert body["metadata"] == {"name": "pinned", "namespace": "default", "uid": UID}
     entries = body["status"]["devices"]
     assert [(e["driver"], e["pool"], e["device"]) for e in entries] == [
         ("dra.cpu", "node-1", "cpudev000"),
@@ -125,11 +125,11 @@ def test_apply_body_names_the_share_of_a_shared_device() -> None:
     assert entry["conditions"][0]["message"] == "1 exclusive CPU 2"
 
 
-def test_removal_body_applies_nothing() -> None:
-    assert removal_body("ns", "c") == {
+def test_removal_body_applies_nothing_to_that_claim_only() -> None:
+    assert removal_body("ns", "c", UID) == {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "ns"},
+        "metadata": {"name": "c", "namespace": "ns", "uid": UID},
     }
 
 
@@ -196,12 +196,22 @@ def echo(uid: str = UID) -> Callable[[dict[str, Any]], bytes]:
 
 
 class ScriptedKube:
-    """call_raw answers from a script; every call is recorded."""
+    """call_raw answers from a script, get_raw (the claim read after a restart) from
+    ``reads`` (404 when it runs out); every call is recorded."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer, reads: tuple[bytes | Exception, ...] = ()) -> None:
         self.answers = list(answers)
+        self.reads = list(reads)
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.gets: list[tuple[str, dict[str, str]]] = []
         self.resource = _Resource()
+
+    async def get_raw(self, path: str, **params: str) -> bytes:
+        self.gets.append((path, params))
+        read = self.reads.pop(0) if self.reads else NotFound("not found", status=404)
+        if isinstance(read, Exception):
+            raise read
+        return read
 
     async def call_raw(self, fn: Any, /, *args: Any, **kwargs: Any) -> bytes:
         self.calls.append((fn.__name__, args, kwargs))
@@ -296,7 +306,7 @@ async def test_an_unprepare_removes_our_entries(autojump_clock: trio.testing.Moc
         owner(unprepared())
         await settle(w)
         nursery.cancel_scope.cancel()
-    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
+    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
     assert count(metrics, "remove", "success") == 1
     assert w.describe()["claims"] == {}
 
@@ -398,6 +408,228 @@ async def test_forbidden_is_said_once_and_retried_rarely(
     assert len(said) == 1
 
 
+# The 1.36 granular authorization's refusal: AuthorizedForDeviceStatus
+# (pkg/registry/resource/authz.go) returns a field.Forbidden on status.devices from the
+# status strategy's validation, so rest.BeforeUpdate wraps it in a 422 Invalid. The text up
+# to "permission:" is authz.go's format (the verbs slice printed with %s); the rest is the
+# authorizer's forbidden message for the synthetic resourceclaims/driver attributes.
+GRANULAR_DENIED = Invalid(
+    'ResourceClaim.resource.k8s.io "pinned" is invalid: status.devices: Forbidden: changing '
+    'status.devices requires resource="resourceclaims/driver", '
+    'verb="[associated-node:patch arbitrary-node:patch]" permission: '
+    'resourceclaims.resource.k8s.io "dra.cpu" is forbidden: User '
+    '"system:serviceaccount:dracpu:dracpu" cannot associated-node:patch resource '
+    '"resourceclaims/driver" in API group "resource.k8s.io" in the namespace "default"',
+    status=422,
+    reason="Invalid",
+)
+
+
+async def test_the_granular_authorization_refusal_is_taken_as_forbidden(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    kube = ScriptedKube(GRANULAR_DENIED, GRANULAR_DENIED, echo())
+    w, metrics, owner = writer(kube, forbidden_retry=300.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
+        await settle(w, 299.0)
+        assert len(kube.calls) == 1
+        assert "resourceclaims/driver" in w.describe()["claims"][UID]
+        await settle(w, 302.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 3
+    assert count(metrics, "apply", "refused") == 2
+    assert count(metrics, "apply", "success") == 1
+    said = [r for r in caplog.records if "associated-node:patch" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_only_those_two_422s_are_told_apart() -> None:
+    from dracpu.k8s.claim_status_body import granular_authz_denied, replaced_claim
+
+    assert replaced_claim(REPLACED.message, UID)
+    assert not replaced_claim(REPLACED.message, "another-uid")
+    assert granular_authz_denied(GRANULAR_DENIED.message)
+    invalid = "must be an allocated device in the claim"
+    assert not replaced_claim(invalid, UID) and not granular_authz_denied(invalid)
+    # The binding check (status.allocation) names another synthetic subresource.
+    binding = (
+        "changing status.allocation or status.reservedFor requires "
+        'resource="resourceclaims/binding"'
+    )
+    assert not granular_authz_denied(binding)
+
+
+# -- after a restart ----------------------------------------------------------------------
+
+EARLIER = datetime(2026, 12, 1, 8, 30, 0, tzinfo=UTC)
+
+
+def stored_claim(change: ClaimPrepared, since: datetime, uid: str = UID) -> bytes:
+    """The claim as a previous dracpu process left it: its entries written at ``since``."""
+    body = apply_body(change, topology=TOPO, node_name="node-1", since=since)
+    return json.dumps(
+        {"metadata": {"uid": uid, "name": "pinned"}, "status": body["status"]}
+    ).encode()
+
+
+async def test_an_unprepare_after_a_restart_is_sent_while_the_apply_backs_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The previous process wrote the entries. After the restart the kubelet's repeated
+    # prepare queues an apply that fails and backs off; the unprepare then arrives: the
+    # previous process's entries must still be taken away.
+    kube = ScriptedKube(ServerError("etcd is slow", status=500), echo(), reads=(b"{}",))
+    w, metrics, owner = writer(kube, backoff_base=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w)
+        assert len(kube.calls) == 1
+        owner(unprepared())
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
+    assert count(metrics, "remove", "success") == 1
+
+
+async def test_an_unprepare_after_a_restart_is_sent_even_before_any_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube()
+    w, metrics, owner = writer(kube)
+    owner(prepared(repeated=True))
+    owner(unprepared())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [c[1][2] for c in kube.calls] == [removal_body("default", "pinned", UID)]
+    assert count(metrics, "remove", "success") == 1
+
+
+async def test_an_unprepare_after_a_failed_first_write_is_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A 500 may still have been applied: a write went out, so the removal goes too.
+    kube = ScriptedKube(ServerError("timeout", status=504))
+    w, _, owner = writer(kube, backoff_base=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
+        await settle(w)
+        owner(unprepared())
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
+
+
+async def test_a_restart_keeps_the_ready_time_the_claim_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The stored entries differ (the CPUs' NUMA view changed, here: another cpuset), so
+    # the writer applies, but with the Ready time the previous process wrote.
+    before = prepared("1,5")
+    kube = ScriptedKube(reads=(stored_claim(before, EARLIER),))
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert kube.gets == [
+        (
+            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+            {"namespace": "default", "name": "pinned"},
+        )
+    ]
+    ((_, args, _),) = kube.calls
+    assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=EARLIER)
+    assert count(metrics, "apply", "success") == 1
+
+
+async def test_a_restart_writes_nothing_when_the_claim_holds_our_entries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube(reads=(stored_claim(prepared(), EARLIER),))
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w)
+        owner(prepared(repeated=True))  # asked again: still nothing to write, no new read
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert len(kube.gets) == 1
+    assert kube.calls == []
+    assert count(metrics, "apply", "success") == 0
+    assert w.describe()["claims"] == {UID: "written"}
+
+
+async def test_a_restart_read_that_fails_starts_the_ready_time_now(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    kube = ScriptedKube(reads=(ServerError("etcd is slow", status=500),))
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    ((_, args, _),) = kube.calls
+    assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=SINCE)
+    assert count(metrics, "apply", "success") == 1
+
+
+@pytest.mark.parametrize(
+    "read",
+    [NotFound("not found", status=404), b'{"metadata": {"uid": "someone-else"}}'],
+    ids=["deleted", "recreated"],
+)
+async def test_a_restart_read_of_a_claim_gone_writes_nothing(
+    read: bytes | Exception, autojump_clock: trio.testing.MockClock
+) -> None:
+    kube = ScriptedKube(reads=(read,))
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared(repeated=True))
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert kube.calls == []
+    assert count(metrics, "apply", "gone") == 1
+
+
+def test_the_stored_ready_time_is_ours_and_true_only() -> None:
+    from dracpu.k8s.claim_status_body import already_written, ready_since
+
+    change = prepared()
+    answer = decode_answer(stored_claim(change, EARLIER))
+    assert ready_since(answer, change) == EARLIER
+    body = apply_body(change, topology=TOPO, node_name="node-1", since=EARLIER)
+    assert already_written(answer, body)
+    # Another device, another driver's entry, a False or unparsable condition: no time.
+    assert ready_since(answer, prepared("0,4", "cpudev001")) is None
+    raw = json.loads(stored_claim(change, EARLIER))
+    entry = raw["status"]["devices"][0]
+    raw["status"]["devices"].append({**entry, "driver": "gpu.example.com"})
+    assert ready_since(decode_answer(json.dumps(raw).encode()), change) == EARLIER
+    entry["conditions"][0]["status"] = "False"
+    assert ready_since(decode_answer(json.dumps(raw).encode()), change) is None
+    entry["conditions"][0].update(status="True", lastTransitionTime="yesterday")
+    assert ready_since(decode_answer(json.dumps(raw).encode()), change) is None
+    # Fields another manager added to our entry do not make it differ; our own do.
+    fresh = json.loads(stored_claim(change, EARLIER))
+    fresh["status"]["devices"][0]["networkData"] = {"interfaceName": "eth0"}
+    assert already_written(decode_answer(json.dumps(fresh).encode()), body)
+    fresh["status"]["devices"][0]["data"]["cpuset"] = "1"
+    assert not already_written(decode_answer(json.dumps(fresh).encode()), body)
+    # An entry of ours the body no longer has: applying would remove it.
+    extra = json.loads(stored_claim(prepared("0,4", "cpudev000", "cpudev004"), EARLIER))
+    assert not already_written(decode_answer(json.dumps(extra).encode()), body)
+
+
 async def test_a_server_that_drops_the_field_stops_the_writer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -419,17 +651,66 @@ async def test_a_server_that_drops_the_field_stops_the_writer(
     assert "DRAResourceClaimDeviceStatus" in w.describe()["disabled"]
 
 
-async def test_a_replaced_claim_gets_back_what_was_applied_to_it(
+# What the API server answers an apply naming another UID than the stored claim's:
+# rest.BeforeUpdate's ValidateObjectMetaAccessorUpdate (apiserver pkg/registry/rest/update.go).
+REPLACED = Invalid(
+    f'ResourceClaim.resource.k8s.io "pinned" is invalid: metadata.uid: Invalid value: "{UID}": '
+    "field is immutable",
+    status=422,
+    reason="Invalid",
+)
+
+
+async def test_a_replaced_claim_is_gone_for_an_apply(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    kube = ScriptedKube(echo(uid="someone-else"), echo(uid="someone-else"))
+    kube = ScriptedKube(REPLACED)
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
+    assert count(metrics, "apply", "gone") == 1
+    assert count(metrics, "apply", "refused") == 0
+    assert w.describe()["claims"] == {}
+
+
+async def test_a_removal_retried_after_the_claim_was_recreated_leaves_the_new_one_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # default/pinned (UID) is deleted and recreated; the removal for the old one gets a 500
+    # and backs off; meanwhile the new claim got its entries. The retried removal names the
+    # old UID, so the server refuses it (422) and it is dropped as gone.
+    kube = ScriptedKube(echo(), ServerError("etcd is slow", status=500), REPLACED)
     w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run, owner.inbox)
         owner(prepared())
         await settle(w)
+        owner(unprepared())
+        await settle(w, 600.0)
         nursery.cancel_scope.cancel()
-    assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned")
+    bodies = [c[1][2] for c in kube.calls]
+    assert bodies[1:] == [removal_body("default", "pinned", UID)] * 2
+    assert count(metrics, "remove", "error") == 1
+    assert count(metrics, "remove", "gone") == 1
+    assert w.describe()["claims"] == {}
+
+
+async def test_an_answer_for_another_claim_is_taken_as_gone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A server that ignored the body's UID: nothing of ours is left to write to.
+    kube = ScriptedKube(json.dumps({"metadata": {"uid": "someone-else"}}).encode())
+    w, metrics, owner = writer(kube)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        owner(prepared())
+        await settle(w, 600.0)
+        nursery.cancel_scope.cancel()
+    assert len(kube.calls) == 1
     assert count(metrics, "apply", "gone") == 1
 
 
@@ -470,8 +751,9 @@ async def test_a_repeated_prepare_after_a_restart_writes_the_status(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # dracpu stopped after the prepare committed and before the status was written; the
-    # kubelet, with no reply, prepares again: a new writer hears the repeat and writes.
-    kube = ScriptedKube()
+    # kubelet, with no reply, prepares again: a new writer hears the repeat, reads the
+    # claim (no status yet) and writes.
+    kube = ScriptedKube(reads=(json.dumps({"metadata": {"uid": UID}}).encode(),))
     w, metrics, owner = writer(kube)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.run, owner.inbox)

@@ -351,8 +351,9 @@ async def test_the_client_sees_the_refusal_as_invalid(
 ) -> None:
     server, client = kube
     allocated_claim(server.store)
+    uid = server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
     change = ClaimPrepared(
-        uid="u",
+        uid=uid,
         namespace="ns",
         name="c1",
         cpus="0",
@@ -378,12 +379,120 @@ async def test_the_client_sees_the_refusal_as_invalid(
         client.resource.patch_namespaced_resource_claim_status,
         "c1",
         "ns",
-        removal_body("ns", "c1"),
+        removal_body("ns", "c1", uid),
         field_manager=FIELD_MANAGER,
         force=True,
         _content_type="application/apply-patch+yaml",
     )
     assert "devices" not in msgspec.json.decode(raw)["status"]
+
+
+def test_an_apply_naming_another_uid_is_refused() -> None:
+    # rest.BeforeUpdate validates the merged metadata against the stored object's: a UID
+    # is immutable, on /status as on the object (the apply itself is no precondition).
+    store = make_store()
+    allocated_claim(store)
+    stored = store.get(RESOURCE_CLAIMS, "ns", "c1")
+    other = "0f0e0d0c-0b0a-4908-8706-050403020100"
+    config = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c1", "namespace": "ns", "uid": other},
+        "status": {"devices": [entry(conditions=[CONDITION])]},
+    }
+    for subresource in ("status", None):
+        with pytest.raises(ApiError) as info:
+            store.apply(
+                RESOURCE_CLAIMS, "ns", "c1", config, manager=FIELD_MANAGER, subresource=subresource
+            )
+        assert info.value.code == 422
+        assert info.value.message == (
+            'ResourceClaim.resource.k8s.io "c1" is invalid: metadata.uid: Invalid value: '
+            f'"{other}": field is immutable'
+        )
+        assert info.value.details is not None
+        assert info.value.details["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": f'Invalid value: "{other}": field is immutable',
+                "field": "metadata.uid",
+            }
+        ]
+    assert store.get(RESOURCE_CLAIMS, "ns", "c1") == stored
+    # The stored UID, or none, is taken.
+    config["metadata"]["uid"] = stored["metadata"]["uid"]
+    claim = store.apply(
+        RESOURCE_CLAIMS, "ns", "c1", config, manager=FIELD_MANAGER, subresource="status"
+    )[0]
+    assert devices_of(claim) == [("dra.cpu", "cpudev000")]
+    # Nothing under the name: /status never creates (404); the object itself would, but
+    # not with a UID of its own choosing (patch.go's applyPatch: 409).
+    store.delete(RESOURCE_CLAIMS, "ns", "c1")
+    with pytest.raises(ApiError) as info:
+        store.apply(RESOURCE_CLAIMS, "ns", "c1", config, manager="m", subresource="status")
+    assert info.value.code == 404
+    with pytest.raises(ApiError) as info:
+        store.apply(RESOURCE_CLAIMS, "ns", "c1", config, manager="m")
+    assert info.value.code == 409
+    assert info.value.message == (
+        'Operation cannot be fulfilled on resourceclaims.resource.k8s.io "c1": uid mismatch: '
+        f"the provided object specified uid {stored['metadata']['uid']}, and no existing "
+        "object was found"
+    )
+
+
+async def test_a_late_removal_leaves_the_recreated_claims_entries(
+    kube: tuple[SimAPIServer, KubeClient],
+) -> None:
+    # ns/c1 is prepared and written, then deleted and recreated under the same name and
+    # prepared again (a new UID) while the old claim's removal is still to be sent. The
+    # removal names the old UID: the server refuses it, the writer takes it as gone, and
+    # the new claim keeps its entries.
+    server, client = kube
+    store = server.store
+    allocated_claim(store)
+    old_uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
+    counted: list[tuple[str, str]] = []
+    writer = ClaimStatusWriter(
+        client,
+        node_name="node-a",
+        topology=lambda: None,
+        count=lambda op, result: counted.append((op, result)),
+        now=lambda: NOW,
+    )
+
+    def prepared(uid: str) -> ClaimPrepared:
+        return ClaimPrepared(
+            uid=uid,
+            namespace="ns",
+            name="c1",
+            cpus="2-3",
+            devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
+        )
+
+    async def counted_to(n: int) -> None:
+        with trio.fail_after(10):
+            while len(counted) < n:
+                await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        owner.send_nowait(prepared(old_uid))
+        await counted_to(1)
+        store.delete(RESOURCE_CLAIMS, "ns", "c1")
+        allocated_claim(store)
+        new_uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
+        assert new_uid != old_uid
+        owner.send_nowait(prepared(new_uid))
+        await counted_to(2)
+        owner.send_nowait(ClaimUnprepared(uid=old_uid, namespace="ns", name="c1", cpus="2-3"))
+        await counted_to(3)
+        claim = await read_claim(client)
+        nursery.cancel_scope.cancel()
+    assert counted == [("apply", "success"), ("apply", "success"), ("remove", "gone")]
+    assert devices_of(claim) == [("dra.cpu", "cpudev000")]
+    assert writer.describe()["claims"] == {new_uid: "written"}
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
@@ -393,7 +502,7 @@ async def test_kubectl_shows_the_entries_the_writer_applied(
     server, client = kube
     allocated_claim(server.store)
     change = ClaimPrepared(
-        uid="u",
+        uid=server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"],
         namespace="ns",
         name="c1",
         cpus="0-1",

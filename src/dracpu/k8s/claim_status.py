@@ -17,10 +17,24 @@ With the gate off the server drops the field silently
 pkg/registry/resource/resourceclaim/strategy.go): the writer notices its entries missing
 from the answer, says so once and stops writing. From 1.36 the
 ``DRAResourceClaimGranularStatusAuthorization`` gate (beta, on) also asks for verb
-``associated-node:patch`` on the synthetic ``resourceclaims/driver`` subresource named
-``dra.cpu`` (pkg/registry/resource/authz.go ``AuthorizedForDeviceStatus``): deploy/base
-grants it with ``resourceclaims/status`` ``patch``. A writer that writes nothing (turned
-off, or the gate off) closes its inbox, so the owner stops building events for it.
+``associated-node:patch`` (or ``arbitrary-node:patch``) on the synthetic
+``resourceclaims/driver`` subresource named ``dra.cpu`` (pkg/registry/resource/authz.go
+``AuthorizedForDeviceStatus``): deploy/base grants it with ``resourceclaims/status``
+``patch``. That check runs in the status strategy's validation, so a missing grant comes
+back as a 422 Invalid whose message names ``resourceclaims/driver``, not as a 403; both
+are taken as a refusal by RBAC (said once, retried every few minutes). A writer that
+writes nothing (turned off, or the gate off) closes its inbox, so the owner stops building
+events for it.
+
+Both bodies carry the claim's UID, so a write for a claim deleted and recreated under the
+same name is refused (422 on ``metadata.uid``) instead of landing on the new claim, and is
+taken as "gone" (``claim_status_body``). After a restart the kubelet prepares its claims
+again (``ClaimPrepared.repeated``): for a claim this process has not seen before, the
+writer first reads the claim, keeps the Ready condition's ``lastTransitionTime`` a previous
+process wrote (a restart is no transition) and writes nothing when the stored entries are
+already the ones it would apply. An unprepare is dropped unsent only when this process
+saw the claim's first prepare and sent nothing for it; otherwise the previous process may
+have written entries, and the removal goes out.
 """
 
 from __future__ import annotations
@@ -30,18 +44,24 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
 
+from dracpu import RESOURCE_API_VERSION
 from dracpu.k8s.claim_status_body import (
     APPLY_PATCH,
     FIELD_MANAGER,
+    Answer,
+    already_written,
     apply_body,
     decode_answer,
     entry_keys,
+    granular_authz_denied,
+    ready_since,
     removal_body,
+    replaced_claim,
     wanted_keys,
 )
 from dracpu.k8s.client import K8sError, KubeClient, NotFound
@@ -97,6 +117,13 @@ class ClaimStatusWriter:
         # What we applied last per claim (to skip a repeat) and since when it is Ready.
         self._applied: dict[str, bytes] = {}
         self._since: dict[str, datetime] = {}
+        # Claims whose first (not repeated) prepare this process saw, and claims a write
+        # was sent for (answered or not): together they tell whether an unprepare may be
+        # dropped unsent.
+        self._first_seen: set[str] = set()
+        self._sent: set[str] = set()
+        # The claim as read after a restart, until its first write is decided.
+        self._stored: dict[str, Answer] = {}
         self._errors: dict[str, str] = {}
         self.disabled = "" if enabled else "turned off"
         self._forbidden_logged = False
@@ -153,13 +180,15 @@ class ClaimStatusWriter:
         if self.disabled:
             return
         uid = change.uid
-        if isinstance(change, ClaimUnprepared) and uid not in self._applied:
-            queued = self._pending.get(uid)
-            if queued is not None and isinstance(queued.change, ClaimPrepared):
-                # Never written: nothing to take back.
+        if isinstance(change, ClaimUnprepared):
+            if uid in self._first_seen and uid not in self._sent:
+                # This process saw the claim prepared for the first time and sent nothing
+                # for it: nobody wrote entries, there is nothing to take back. After a
+                # restart (only repeated prepares seen) the previous process may have.
                 self._forget(uid)
                 return
-        if isinstance(change, ClaimPrepared):
+        elif not change.repeated:
+            self._first_seen.add(uid)
             self._since.setdefault(uid, self._now())
         self._pending[uid] = _Pending(change, due=trio.current_time())
         self._errors.pop(uid, None)
@@ -169,26 +198,60 @@ class ClaimStatusWriter:
         self._applied.pop(uid, None)
         self._since.pop(uid, None)
         self._errors.pop(uid, None)
+        self._first_seen.discard(uid)
+        self._sent.discard(uid)
+
+    async def _stored_since(self, change: ClaimPrepared) -> datetime | Literal[False] | None:
+        """Read the claim (a prepare this process did not see first, after a restart):
+        its Ready time as stored, None when it has none, False when the claim is gone or
+        replaced. A failed read only loses the stored time (the write goes on)."""
+        where = f"{change.namespace}/{change.name}"
+        try:
+            raw = await self._kube.get_raw(
+                f"/apis/{RESOURCE_API_VERSION}/namespaces/{{namespace}}/resourceclaims/{{name}}",
+                namespace=change.namespace,
+                name=change.name,
+            )
+        except NotFound:
+            return False
+        except K8sError as exc:
+            log.info("claim not read; its Ready time starts now", claim=where, err=str(exc))
+            return None
+        answer = decode_answer(raw)
+        if answer.metadata.get("uid", change.uid) != change.uid:
+            return False
+        self._stored[change.uid] = answer
+        return ready_since(answer, change)
 
     async def _write(self, item: _Pending) -> None:
         change = item.change
         uid = change.uid
+        where = f"{change.namespace}/{change.name}"
         if isinstance(change, ClaimPrepared):
             operation = "apply"
+            if uid not in self._since:
+                stored = await self._stored_since(change)
+                if stored is False:
+                    self._finish(uid, operation, "gone")
+                    log.info("claim gone before its status was written", claim=where, uid=uid)
+                    return
+                self._since[uid] = stored if isinstance(stored, datetime) else self._now()
             body = apply_body(
-                change,
-                topology=self._topology(),
-                node_name=self._node_name,
-                since=self._since.get(uid) or self._now(),
+                change, topology=self._topology(), node_name=self._node_name, since=self._since[uid]
             )
             encoded = msgspec.json.encode(body)
-            if self._applied.get(uid) == encoded:
-                self._pending.pop(uid, None)  # the same again (a repeated prepare)
+            stored_claim = self._stored.pop(uid, None)
+            if self._applied.get(uid) == encoded or (
+                stored_claim is not None and already_written(stored_claim, body)
+            ):
+                # The same again (a repeated prepare), or what a previous process wrote.
+                self._applied[uid] = encoded
+                self._pending.pop(uid, None)
                 return
         else:
             operation = "remove"
-            body = removal_body(change.namespace, change.name)
-        where = f"{change.namespace}/{change.name}"
+            body = removal_body(change.namespace, change.name, uid)
+        self._sent.add(uid)
         try:
             raw = await self._kube.call_raw(
                 self._kube.resource.patch_namespaced_resource_claim_status,
@@ -220,15 +283,11 @@ class ClaimStatusWriter:
         answer = decode_answer(raw)
         answer_uid = answer.metadata.get("uid")
         if answer_uid and answer_uid != uid:
-            # The name now holds another claim (ours was deleted and recreated): what we
-            # applied belongs to no claim of ours, so take it back.
+            # The body named our UID, so a real API server refuses it on another claim
+            # (422, handled in _failed); one that answers with another claim anyway has
+            # nothing of ours left to write to.
             self._finish(uid, operation, "gone")
             log.info("claim replaced; its status is not ours to write", claim=where, uid=uid)
-            if isinstance(change, ClaimPrepared):
-                removal = ClaimUnprepared(
-                    uid=uid, namespace=change.namespace, name=change.name, cpus=change.cpus
-                )
-                self._pending[uid] = _Pending(removal, due=trio.current_time())
             return
         if isinstance(change, ClaimPrepared):
             present = entry_keys(answer.status.get("devices"))
@@ -257,9 +316,15 @@ class ClaimStatusWriter:
     def _failed(self, item: _Pending, operation: str, where: str, exc: K8sError) -> None:
         uid = item.change.uid
         status = exc.status
-        if status == 403:
-            # RBAC without resourceclaims/status patch (or, from 1.36, associated-node:patch
-            # on resourceclaims/driver): keep trying, rarely, and say it once.
+        if status == 422 and replaced_claim(exc.message, uid):
+            # The name holds another claim now (ours was deleted and recreated): ours is gone.
+            self._finish(uid, operation, "gone")
+            log.info("claim replaced; its status is not ours to write", claim=where, uid=uid)
+            return
+        if status == 403 or (status == 422 and granular_authz_denied(exc.message)):
+            # RBAC without resourceclaims/status patch (403), or, from 1.36, without
+            # associated-node:patch on resourceclaims/driver (the status strategy's
+            # validation refuses it: 422): keep trying, rarely, and say it once.
             self._count(operation, "refused")
             if not self._forbidden_logged:
                 self._forbidden_logged = True

@@ -40,12 +40,24 @@ conditions, ``data`` a JSON object of at most 10 KiB. ``status.devices`` is a
 entries with other drivers' and a manager that applies again without an entry it applied
 before removes it (SSA semantics since 1.19, kubernetes#92661).
 
+Both bodies name the claim's UID (``metadata.uid``): an apply is not a precondition
+(the patch handler gives the store no UID to check, apiserver
+pkg/endpoints/handlers/patch.go), but ``rest.BeforeUpdate`` validates the merged object's
+metadata against the stored one (``ValidateObjectMetaAccessorUpdate``, pkg/registry/rest/
+update.go), so a body naming another UID than the stored claim's is refused with a 422
+``metadata.uid: Invalid value: "<uid>": field is immutable``. A write meant for a claim
+that was deleted and recreated under the same name therefore never lands on the new one
+(``replaced_claim`` recognises that answer); a name with no claim at all answers 404, as
+the status subresource never creates.
+
 The bodies are built from the state owner's ``ClaimPrepared`` (``dracpu.messages``); the
-answer to an apply is read for the claim's UID and our entries (``Answer``).
+answer to an apply, or the claim read after a restart, is read for the claim's UID and our
+entries (``Answer``, ``ready_since``, ``already_written``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,11 +74,15 @@ __all__ = [
     "DATA_MAX_BYTES",
     "FIELD_MANAGER",
     "Answer",
+    "already_written",
     "apply_body",
     "decode_answer",
     "device_data",
     "entry_keys",
+    "granular_authz_denied",
+    "ready_since",
     "removal_body",
+    "replaced_claim",
     "wanted_keys",
 ]
 
@@ -102,11 +118,11 @@ def device_data(
     return data
 
 
-def _meta(namespace: str, name: str) -> dict[str, Any]:
+def _meta(namespace: str, name: str, uid: str) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
     }
 
 
@@ -145,14 +161,36 @@ def apply_body(
         entry["conditions"] = [condition]
         entry["data"] = data
         entries.append(entry)
-    return {**_meta(change.namespace, change.name), "status": {"devices": entries}}
+    meta = _meta(change.namespace, change.name, change.uid)
+    return {**meta, "status": {"devices": entries}}
 
 
-def removal_body(namespace: str, name: str) -> dict[str, Any]:
-    """The applied configuration that takes dracpu's entries away: nothing. Fields this
-    manager applied before and no longer applies are removed when no other manager owns
-    them (kubernetes#92661), so other drivers' entries stay."""
-    return _meta(namespace, name)
+def removal_body(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """The applied configuration that takes dracpu's entries away from the claim ``uid``:
+    nothing. Fields this manager applied before and no longer applies are removed when no
+    other manager owns them (kubernetes#92661), so other drivers' entries stay; the UID
+    keeps it off a claim recreated under the same name (module docstring)."""
+    return _meta(namespace, name, uid)
+
+
+def replaced_claim(message: str, uid: str) -> bool:
+    """Whether a 422's message is the API server refusing our UID: the name now holds
+    another claim (``ValidateImmutableField`` on ``metadata.uid``; the message prints the
+    value we sent, quoted)."""
+    return f'metadata.uid: Invalid value: "{uid}": field is immutable' in message
+
+
+# The field error AuthorizedForDeviceStatus (pkg/registry/resource/authz.go) adds when the
+# caller may not change a driver's entries: the status strategy's validation returns it, so
+# it reaches us as a 422 Invalid, not a 403.
+_DRIVER_SUBRESOURCE = 'changing status.devices requires resource="resourceclaims/driver"'
+
+
+def granular_authz_denied(message: str) -> bool:
+    """Whether a 422's message is the 1.36 granular authorization's refusal (the
+    ``DRAResourceClaimGranularStatusAuthorization`` gate): RBAC lacks ``associated-node:``
+    or ``arbitrary-node:patch`` on ``resourceclaims/driver`` for this driver."""
+    return _DRIVER_SUBRESOURCE in message
 
 
 class Answer(msgspec.Struct, kw_only=True):
@@ -186,3 +224,50 @@ def entry_keys(entries: Any) -> set[tuple[str, str, str]]:
 def wanted_keys(change: ClaimPrepared) -> set[tuple[str, str, str]]:
     """(pool, device, shareID) of the entries ``apply_body`` writes for ``change``."""
     return {(d.pool, d.device, d.share_id) for d in change.devices}
+
+
+def _our_entries(answer: Answer) -> dict[tuple[str, str, str], dict[str, Any]]:
+    entries = answer.status.get("devices")
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for e in entries if isinstance(entries, list) else ():
+        if isinstance(e, dict) and e.get("driver") == DRIVER_NAME:
+            key = (str(e.get("pool", "")), str(e.get("device", "")), str(e.get("shareID") or ""))
+            out[key] = e
+    return out
+
+
+def ready_since(answer: Answer, change: ClaimPrepared) -> datetime | None:
+    """When the claim became Ready, as its stored status says: the ``lastTransitionTime``
+    of a Ready "True" condition on one of ``change``'s entries (a previous dracpu process
+    wrote it). None when there is none, or it does not parse as RFC 3339."""
+    wanted = wanted_keys(change)
+    for key, entry in sorted(_our_entries(answer).items()):
+        if key not in wanted:
+            continue
+        for condition in entry.get("conditions") or ():
+            if not isinstance(condition, dict):
+                continue
+            if condition.get("type") != READY or condition.get("status") != "True":
+                continue
+            try:
+                when = datetime.fromisoformat(str(condition.get("lastTransitionTime")))
+            except ValueError:
+                continue
+            return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return None
+
+
+def already_written(answer: Answer, body: Mapping[str, Any]) -> bool:
+    """Whether the stored claim already holds exactly the entries ``body`` applies, and no
+    other entry of ours: applying it again would change nothing. Fields another manager
+    added to our entries do not count (our apply leaves them as they are)."""
+    ours = _our_entries(answer)
+    wanted = body.get("status", {}).get("devices", [])
+    if len(ours) != len(wanted):
+        return False
+    for entry in wanted:
+        key = (entry["pool"], entry["device"], entry.get("shareID", ""))
+        stored = ours.get(key)
+        if stored is None or {k: stored.get(k) for k in entry} != entry:
+            return False
+    return True

@@ -42,8 +42,13 @@ from dracpu_sim.apiserver.resources import (
 )
 from dracpu_sim.apiserver.selectors import FieldSelector, LabelSelector
 from dracpu_sim.apiserver.strategic import strategic_merge_patch
-from dracpu_sim.apiserver.update_rules import immutable_spec, validate_pod_update
+from dracpu_sim.apiserver.update_rules import (
+    FIELD_IMMUTABLE,
+    immutable_spec,
+    validate_pod_update,
+)
 from dracpu_sim.apiserver.validation import (
+    _invalid,
     validate_name,
     validate_resource_slice,
     validate_resource_slice_update,
@@ -735,12 +740,28 @@ class ObjectStore:
         if old is None:
             if subresource is not None:
                 raise errors.not_found(resource.plural, resource.group, name)
+            if meta.get("uid"):
+                # patch.go's applyPatch: a UID with nothing stored under the name.
+                raise errors.conflict(
+                    resource.plural,
+                    resource.group,
+                    name,
+                    f"uid mismatch: the provided object specified uid {meta['uid']}, and no "
+                    "existing object was found",
+                )
             created = self.create(
                 resource, namespace, {**config, "metadata": {**meta, "name": name}}
             )
             self._applied[created["metadata"]["uid"]] = {manager: _copy(config)}
             return created, 201
         uid = old["metadata"]["uid"]
+        if meta.get("uid") and meta["uid"] != uid:
+            # An apply is no UID precondition (patch.go gives the store none), but
+            # rest.BeforeUpdate validates the merged metadata against the stored object's:
+            # another UID is an immutable field changed, 422, on the main resource and on
+            # /status alike (ResetObjectMetaForStatus leaves the UID as sent).
+            problem = _invalid("metadata.uid", str(meta["uid"]), FIELD_IMMUTABLE)
+            raise errors.invalid(resource.kind, resource.group, name, [problem])
         previous = self._applied.get(uid, {}).get(manager)
         merged = self._body(resource, merge_applied(_copy(old), config, previous))
         self._check_namespace(resource, namespace, merged["metadata"])
