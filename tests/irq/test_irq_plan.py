@@ -129,7 +129,7 @@ def test_a_mask_about_to_be_written_when_a_pass_stopped_is_still_dracpus() -> No
         assert p.originals == {24: C("0-7")} and p.written == {24: C("0-3")}
 
 
-def test_a_ban_that_would_empty_an_owned_interrupt_leaves_it_as_it_is() -> None:
+def test_a_ban_that_would_empty_an_owned_interrupt_gives_it_its_original() -> None:
     p = plan(
         "0-7",
         {24: "0-1"},
@@ -139,10 +139,11 @@ def test_a_ban_that_would_empty_an_owned_interrupt_leaves_it_as_it_is() -> None:
         default_original="ff",
         default_written="03",
     )
-    assert p.writes == {}
+    assert p.writes == {24: C("0-7")}
     assert p.would_empty == (24,)
-    assert p.originals == {24: C("0-7")}  # still dracpu's: given back at the end
-    assert p.default_would_empty and p.default_write is None
+    assert p.originals == {24: C("0-7")} and p.written == {24: C("0-7")}  # still dracpu's
+    assert p.default_would_empty
+    assert p.default_write is not None and p.default_write.format() == "ff"
     assert p.default_original == ALL8
 
 

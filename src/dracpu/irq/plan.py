@@ -18,8 +18,10 @@ while the mask is still the one it wrote:
   (kernel/irq/proc.c ``write_irq_affinity``: a mask that intersects no online CPU goes to
   ``irq_select_affinity_usr``, which answers -EINVAL everywhere but Alpha;
   ``default_affinity_write`` answers -EINVAL outright). ``smp_affinity_list`` may name
-  offline CPUs, so an original can hold none. When no candidate holds one the mask is left
-  as it is and reported (``would-empty``), never written to be refused;
+  offline CPUs, so an original can hold none. When no candidate holds one the interrupt is
+  reported (``would-empty``) and never written to be refused: a mask dracpu owns gets its
+  original back (every online CPU of it is banned: narrowing it serves nothing), any other
+  is left as it is;
 - an interrupt that appears while a ban is in force (not among ``present``, the
   interrupts of the previous pass) with exactly the default affinity dracpu wrote was born
   from that default (a new MSI vector): dracpu owns it, and its original is the node's
@@ -134,6 +136,14 @@ def plan_pass(
         if owned and original is not None:
             wanted = _choose((original - banned,), online)
             base = original
+            if wanted is None and _usable(original, online):
+                # Every online CPU it may use is banned: dracpu's narrowing serves nothing,
+                # so it gets its original back (still dracpu's, reported).
+                would_empty.append(irq)
+                kept[irq], kept_written[irq] = original, original
+                if original != now:
+                    writes[irq] = original
+                continue
         elif not now & banned:
             continue  # another writer's mask that avoids the ban: theirs, left alone
         else:
@@ -168,6 +178,9 @@ def plan_pass(
         if default_owned and default_original is not None:
             base_default = default_original
             chosen = _choose((default_original.cpus - banned,), online)
+            if chosen is None and _usable(default_original.cpus, online):
+                chosen = default_original.cpus  # as for an interrupt: its original back
+                default_empty = True
         elif not cur & banned:
             base_default = None
             chosen = None
@@ -182,7 +195,7 @@ def plan_pass(
             )
         if base_default is not None:
             if chosen is None:
-                default_empty = bool(cur & banned)
+                default_empty = default_empty or bool(cur & banned)
                 if default_owned:
                     d_original, d_written = base_default, current_default
             else:
