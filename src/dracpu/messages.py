@@ -112,10 +112,14 @@ class CpusetUpdateFailed(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckpointWritten(msgspec.Struct, frozen=True, kw_only=True):
-    """The checkpoint holding every change up to ``generation`` is on disk, or ``error``."""
+    """The checkpoint holding every change up to ``generation`` is on disk, or ``error``.
+
+    ``outcome_unknown`` (with ``error``): a stop left the write in its thread, which may
+    still land it; the waiter must not undo its change as if it were not written."""
 
     generation: int
     error: str = ""
+    outcome_unknown: bool = False
 
 
 class ClaimsChanged(msgspec.Struct, frozen=True, kw_only=True):

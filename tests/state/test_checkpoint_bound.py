@@ -1,7 +1,8 @@
 """A checkpoint write must complete, yet a hung one cannot hold up a stop: the stop waits for
-it ``stop_bound`` seconds, its waiters then hear that the writer stopped, its thread still
-lands the file whole, and no later write starts before that thread ends, so an older
-checkpoint never replaces a newer one."""
+it ``stop_bound`` seconds, its waiters then hear that whether it landed is unknown (those
+queued behind it, that it was not written), its thread still lands the file whole, and no
+later write starts before that thread ends, so an older checkpoint never replaces a newer
+one."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from dracpu.allocation.prepare import ClaimPlan
 from dracpu.allocation.store import AllocationStore, ClaimRecord, PreparedDevice
 from dracpu.atomicfile import atomic_write
 from dracpu.cpuset import CPUSet
-from dracpu.state import CheckpointFile, NodeState, StateFileError
+from dracpu.state import CheckpointFile, CheckpointOutcomeUnknown, NodeState, StateFileError
+from dracpu.state.durable import WRITE_LEFT_RUNNING
 
 ALL = CPUSet.parse("0-15")
 DEVICE = (PreparedDevice(pool_name="node-a", device_name="cpudev000"),)
@@ -46,6 +48,9 @@ async def prepare(state: NodeState, uid: str, cpus: str, outcomes: list[str]) ->
     assert state._begin_prepare(p)
     try:
         await state.make_durable("prepare")
+    except CheckpointOutcomeUnknown as exc:
+        outcomes.append(f"{uid}: unknown: {exc}")  # as state.claims does: no undo
+        return
     except StateFileError as exc:
         state._abort_prepare(p)
         outcomes.append(f"{uid}: {exc}")
@@ -69,12 +74,19 @@ async def test_a_stop_waits_for_a_hung_write_the_bound_only(
                 await writer.start(checkpoint.run, state.claims_changes())
                 outer.start_soon(prepare, state, "a", "0-1", outcomes)
                 await trio.to_thread.run_sync(disk.entered.wait)
+                await trio.testing.wait_all_tasks_blocked()
+                outer.start_soon(prepare, state, "c", "4-5", outcomes)  # queued behind it
+                await trio.testing.wait_all_tasks_blocked()
                 start = trio.current_time()
                 writer.cancel_scope.cancel()  # the stop
         assert trio.current_time() - start == 2.5
     finally:
         disk.release.set()
-    assert outcomes == ["a: the checkpoint writer stopped"]
+    # "a"'s write may still land; "c" is in no snapshot taken, and no later write starts.
+    assert sorted(outcomes) == [
+        f"a: unknown: {WRITE_LEFT_RUNNING}",
+        "c: the checkpoint writer stopped",
+    ]
 
 
 async def test_a_write_left_behind_is_never_overtaken(tmp_path: Path) -> None:
@@ -94,7 +106,7 @@ async def test_a_write_left_behind_is_never_overtaken(tmp_path: Path) -> None:
                     await trio.to_thread.run_sync(disk.entered.wait)
                     writer.cancel_scope.cancel()  # the writer stops; "a" is left writing
                 await trio.testing.wait_all_tasks_blocked()
-                assert outcomes == ["a: the checkpoint writer stopped"]
+                assert outcomes == [f"a: unknown: {WRITE_LEFT_RUNNING}"]
                 # The writer restarted (the supervisor's backoff): "b" waits for "a"'s thread.
                 async with trio.open_nursery() as writer:
                     await writer.start(checkpoint.run, state.claims_changes())
@@ -109,10 +121,11 @@ async def test_a_write_left_behind_is_never_overtaken(tmp_path: Path) -> None:
     finally:
         disk.release.set()
     assert outcomes[1] == "b: written"
-    # The old write (with "a", pending then) landed first; the newer one, without it, last.
-    assert disk.landed == [["a"], ["b"]]
+    # The old write (with "a", pending then) landed first; the newer one last. "a" stays
+    # pending (nothing undid it), so the newer one keeps it too.
+    assert disk.landed == [["a"], ["a", "b"]]
     on_disk = decode_checkpoint((tmp_path / "checkpoint.json").read_bytes())
-    assert [c.uid for c in on_disk.claims] == ["b"]
+    assert [c.uid for c in on_disk.claims] == ["a", "b"]
 
 
 def test_a_bad_bound_is_refused(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ published when a transaction commits."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ import trio.testing
 from builders import claim, machine, result
 
 from dracpu.allocation.store import AllocationStore, ContainerRecord, SandboxRecord
+from dracpu.atomicfile import atomic_write
 from dracpu.cdi import CDIError
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory
@@ -23,10 +25,12 @@ from dracpu.messages import ClaimDevice, ClaimPrepared, ClaimUnprepared, Contain
 from dracpu.state import (
     AdmissionError,
     CheckpointFile,
+    CheckpointOutcomeUnknown,
     NodeState,
     PrepareOutcome,
     UnprepareOutcome,
 )
+from dracpu.state.steps import WRITER_NOT_RUNNING, StateFileError
 
 FIXTURE = "epyc-nps4"
 
@@ -45,6 +49,7 @@ class Steps:
     def __init__(self, *fail: str) -> None:
         self.fail = set(fail)
         self.calls: list[tuple[str, str]] = []
+        self.metadata_under_lock: list[bool] = []
         self._lock = trio.Lock()
 
     @asynccontextmanager
@@ -69,6 +74,7 @@ class Steps:
         await self._step("remove_spec", claim_uid)
 
     async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
+        self.metadata_under_lock.append(self._lock.locked())
         await self._step("remove_metadata", claim_uid)
 
 
@@ -162,6 +168,44 @@ async def test_unprepare_releases_after_the_checkpoint_and_publishes_one_event()
     assert steps.calls == [("remove_spec", "u9"), ("remove_metadata", "u9")]
     with pytest.raises(trio.WouldBlock):
         events.receive_nowait()
+
+
+async def test_no_metadata_removal_holds_the_lock() -> None:
+    # Metadata I/O may be slow (a worker thread, a disk): the lock every prepare and
+    # unprepare plans under is never held across it, for a known claim or an unknown one.
+    state = make_state()
+    await state.prepare(claim("u1", result("cpudevnuma000", 4)), Steps())
+    steps = Steps()
+    assert (await state.unprepare("default", "claim-u1", "u1", steps)).released is not None
+    assert (await state.unprepare("ns", "gone", "u9", steps)).released is None
+    assert steps.calls == [
+        ("remove_spec", "u1"),
+        ("remove_metadata", "u1"),
+        ("remove_spec", "u9"),
+        ("remove_metadata", "u9"),
+    ]
+    assert steps.metadata_under_lock == [False, False]
+
+
+async def test_an_unknown_claims_slow_metadata_removal_lets_other_calls_plan() -> None:
+    state = make_state()
+    release = trio.Event()
+    order: list[str] = []
+
+    class SlowMetadata(Steps):
+        async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
+            order.append("metadata started")
+            await release.wait()
+            order.append("metadata done")
+
+    steps = SlowMetadata()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(state.unprepare, "ns", "gone", "u9", steps)
+        await trio.testing.wait_all_tasks_blocked()
+        outcome = await state.prepare(claim("u1", result("cpudevnuma000", 4)), steps)
+        order.append("prepared" if outcome.error == "" else outcome.error)
+        release.set()
+    assert order == ["metadata started", "prepared", "metadata done"]
 
 
 async def test_a_failed_unprepare_puts_everything_back(tmp_path: Path) -> None:
@@ -293,7 +337,9 @@ async def test_after_closing_nothing_commits_and_new_inboxes_are_ended() -> None
     state.close_channels()  # again: nothing left to close
     outcome = await state.prepare(claim("u1", result("cpudevnuma000", 1)), Steps())
     assert outcome.failed_at == "record"
-    assert outcome.error.endswith("the checkpoint writer stopped: dracpu is stopping")
+    # The words a late prepare heard before the channels could be closed at a stop.
+    assert outcome.error == "failed to record claim default/claim-u1: " + WRITER_NOT_RUNNING
+    assert WRITER_NOT_RUNNING == "the checkpoint writer is not running"
     assert state.view.cpus_of("u1") is None and state.view.durable_claims() == []
     for inbox in (state.claims_changes(), state.pool_changes(), state.claim_events()):
         with pytest.raises(trio.EndOfChannel):
@@ -328,3 +374,99 @@ async def test_a_closed_subscriber_is_dropped() -> None:
     await gone.aclose()
     await state.prepare(claim("u1", result("cpudevnuma000", 1)), Steps())
     assert isinstance(kept.receive_nowait(), ClaimPrepared)
+
+
+class HungWrite:
+    """A checkpoint ``write_file`` that blocks until released (a hung disk), then writes."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, path: str, data: bytes, **kw: Any) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        atomic_write(path, data, **kw)
+
+
+async def _stopped_mid_write(
+    state: NodeState, tmp_path: Path, transaction: Any
+) -> PrepareOutcome | UnprepareOutcome:
+    """Run ``transaction()`` while the writer hangs in its write, stop the writer, wait past
+    its stop bound; the transaction's outcome."""
+    disk = HungWrite()
+    checkpoint = CheckpointFile(
+        state, str(tmp_path), boot_id="b", config_fingerprint="f", write_file=disk, stop_bound=0.05
+    )
+    outcomes: list[PrepareOutcome | UnprepareOutcome] = []
+
+    async def run() -> None:
+        outcomes.append(await transaction())
+
+    try:
+        async with trio.open_nursery() as outer, trio.open_nursery() as writer:
+            await writer.start(checkpoint.run, state.claims_changes())
+            outer.start_soon(run)
+            await trio.to_thread.run_sync(disk.entered.wait, 10)
+            writer.cancel_scope.cancel()  # the stop; the write stays in its thread
+    finally:
+        disk.release.set()
+    return outcomes[0]
+
+
+async def test_a_prepare_whose_write_a_stop_left_running_undoes_nothing(tmp_path: Path) -> None:
+    # The write may still land with the claim in it: removing its spec or dropping it
+    # could contradict the checkpoint; the next start rebuilds from both files.
+    state = make_state()
+    steps = Steps()
+    outcome = await _stopped_mid_write(
+        state, tmp_path, lambda: state.prepare(claim("u1", result("cpudevnuma000", 4)), steps)
+    )
+    assert outcome.failed_at == "record"
+    assert outcome.error.startswith("failed to record claim default/claim-u1: ")
+    assert "unknown" in outcome.error
+    assert steps.calls == [("write_spec", "u1")]  # no remove_spec
+    assert [r.uid for r in state.view.durable_claims()] == ["u1"]  # not dropped
+    assert state.view.cpus_of("u1") is None  # nor committed
+
+
+async def test_an_unprepare_whose_write_a_stop_left_running_puts_nothing_back(
+    tmp_path: Path,
+) -> None:
+    state = make_state()
+    await state.prepare(claim("u1", result("cpudevnuma000", 4)), Steps())
+    steps = Steps()
+    outcome = await _stopped_mid_write(
+        state, tmp_path, lambda: state.unprepare("default", "claim-u1", "u1", steps)
+    )
+    assert outcome.failed_at == "record" and "unknown" in outcome.error
+    assert steps.calls == [("remove_spec", "u1")]  # the spec is not written again
+    assert state.view.durable_claims() == []  # still left out, as in the write
+
+
+async def test_the_exception_of_an_unknown_outcome_is_a_state_file_error() -> None:
+    # Callers that only know StateFileError still hear a failure.
+    assert issubclass(CheckpointOutcomeUnknown, StateFileError)
+
+
+async def test_a_reply_closed_unanswered_fails_and_undoes_the_prepare() -> None:
+    state = make_state()
+    steps = Steps()
+    changes = state.claims_changes()
+
+    async def writer_that_drops_replies() -> None:
+        with state.checkpoint_writer():
+            message = await changes.receive()
+            assert message.reply is not None
+            await message.reply.aclose()  # closed, never answered
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer_that_drops_replies)
+        await trio.testing.wait_all_tasks_blocked()
+        outcome = await state.prepare(claim("u1", result("cpudevnuma000", 4)), steps)
+    assert outcome.failed_at == "record"
+    assert outcome.error == (
+        "failed to record claim default/claim-u1: "
+        "the checkpoint writer ended without answering: not written"
+    )
+    assert steps.calls == [("write_spec", "u1"), ("remove_spec", "u1")]
+    assert state.view.cpus_of("u1") is None and state.view.durable_claims() == []

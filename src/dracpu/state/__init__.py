@@ -7,6 +7,7 @@ from dracpu.state.durable import CHECKPOINT_FILE, CheckpointFile, read_boot_id
 from dracpu.state.owner import NodeState
 from dracpu.state.steps import (
     AdmissionError,
+    CheckpointOutcomeUnknown,
     ClaimSteps,
     CreateDecision,
     PrepareOutcome,
@@ -20,6 +21,7 @@ __all__ = [
     "EMPTY_SHARED_POOL",
     "AdmissionError",
     "CheckpointFile",
+    "CheckpointOutcomeUnknown",
     "ClaimSteps",
     "CreateDecision",
     "NodeState",

@@ -19,7 +19,13 @@ import trio
 
 from dracpu.allocation.prepare import ClaimAllocation, ClaimPlan, PrepareError, plan_claim
 from dracpu.cdi import CDIError, check_claim_uid
-from dracpu.state.steps import ClaimSteps, PrepareOutcome, StateFileError, UnprepareOutcome
+from dracpu.state.steps import (
+    CheckpointOutcomeUnknown,
+    ClaimSteps,
+    PrepareOutcome,
+    StateFileError,
+    UnprepareOutcome,
+)
 
 if TYPE_CHECKING:
     from dracpu.state.owner import NodeState
@@ -93,6 +99,10 @@ async def _commit_prepare(
         return ""
     try:
         await state.make_durable("prepare")
+    except CheckpointOutcomeUnknown as exc:
+        # A stop left the write running: it may land with this claim in it, so neither
+        # drop the claim nor remove its spec (recovery rebuilds from both files).
+        return f"failed to record claim {claim.namespace}/{claim.name}: {exc}"
     except StateFileError as exc:
         state._abort_prepare(plan)
         try:
@@ -129,12 +139,23 @@ async def unprepare(
                     await steps.remove_spec(claim_uid)
                 except CDIError as exc:
                     return UnprepareOutcome(error=str(exc), failed_at="spec")
-                if record is None:
-                    await steps.remove_metadata(namespace, name, claim_uid)
-                    return UnprepareOutcome()
-                state._begin_unprepare(claim_uid)
+                if record is not None:
+                    state._begin_unprepare(claim_uid)
+            if record is None:
+                # A claim we do not hold: its metadata (if any) goes after the lock, like
+                # a known claim's, so slow metadata I/O never holds every other call;
+                # the claim's turn still keeps its own next call behind this one.
+                await steps.remove_metadata(namespace, name, claim_uid)
+                return UnprepareOutcome()
             try:
                 await state.make_durable("unprepare")
+            except CheckpointOutcomeUnknown as exc:
+                # A stop left the write running: the claim may be gone from the checkpoint
+                # or not. Putting it back could contradict what lands; recovery decides.
+                return UnprepareOutcome(
+                    error=f"failed to record claim {namespace}/{name}: {exc}",
+                    failed_at="record",
+                )
             except StateFileError as exc:
                 # Keep memory, disk and checkpoint in agreement.
                 state._abort_unprepare(claim_uid)

@@ -124,6 +124,7 @@ class CheckpointFile:
         Runs inside ``NodeState.checkpoint_writer()``, the one place that says whether a
         writer runs: prepares and unprepares fail at once outside it."""
         batch: list[ClaimsChanged] = []
+        left_running: list[bool] = []
         with self.state.checkpoint_writer():
             task_status.started()
             try:
@@ -137,13 +138,20 @@ class CheckpointFile:
                             batch.append(changes.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                    error = await self._write_batch()
+                    left_running.clear()
+                    error = await self._write_batch(left_running)
                     _answer(batch, error)
                     batch = []
             finally:
                 # Nobody may wait for a write that will not happen: answer the batch in
                 # hand and everything queued, in one step with no await; leaving the
-                # writer's context then refuses new waiters.
+                # writer's context then refuses new waiters. The batch in hand may have
+                # been left writing (the stop bound ran out): whether it lands is unknown,
+                # and its waiters must not undo their changes. Those queued behind it are
+                # in no snapshot taken, and no later write starts: not written.
+                if left_running:
+                    _answer(batch, WRITE_LEFT_RUNNING, outcome_unknown=True)
+                    batch = []
                 while True:
                     try:
                         batch.append(changes.receive_nowait())
@@ -151,15 +159,28 @@ class CheckpointFile:
                         break
                 _answer(batch, "the checkpoint writer stopped")
 
-    async def _write_batch(self) -> str:
+    async def _write_batch(self, left_running: list[bool]) -> str:
+        """Write one snapshot; the error, or "". ``left_running`` gets an entry when a stop
+        left the write in its thread past the stop bound."""
         snapshot = self.checkpoint()
+        began: list[bool] = []
+
+        def write() -> None:
+            began.append(True)  # run_to_completion runs this only if nobody gave up yet
+            self.write(snapshot)
+
         try:
-            await run_to_completion(
-                self.write, snapshot, limiter=self._one_write, bound=self.stop_bound
-            )
+            await run_to_completion(write, limiter=self._one_write, bound=self.stop_bound)
         except StateFileError as exc:
             log.error("%s", exc)
             return str(exc)
+        except trio.Cancelled:
+            # Cancelled with the write begun: the bound ran out and its thread goes on. A
+            # thread that still holds the limiter may be about to begin it: unknown too
+            # (the safe side: "not written" would make waiters undo what may land).
+            if began or self._one_write.borrowed_tokens:
+                left_running.append(True)
+            raise
         return ""
 
     # -- start-up -------------------------------------------------------------------------
@@ -232,11 +253,22 @@ def recorded_claim_cpus(state_dir: str, cdi_dir: str) -> CPUSet:
     return cpus
 
 
-def _answer(batch: list[ClaimsChanged], error: str) -> None:
+# What the waiters of a write left in its thread at a stop hear.
+WRITE_LEFT_RUNNING = (
+    "the checkpoint writer stopped during a write that did not end within the stop bound:"
+    " whether the checkpoint holds this change is unknown"
+)
+
+
+def _answer(batch: list[ClaimsChanged], error: str, *, outcome_unknown: bool = False) -> None:
     for message in batch:
         if message.reply is None:
             continue
         # A waiter cancelled meanwhile has closed its end: nobody to tell. One answer per
         # change: the writer closes its end once it answered.
         with message.reply, contextlib.suppress(trio.BrokenResourceError, trio.WouldBlock):
-            message.reply.send_nowait(CheckpointWritten(generation=message.generation, error=error))
+            message.reply.send_nowait(
+                CheckpointWritten(
+                    generation=message.generation, error=error, outcome_unknown=outcome_unknown
+                )
+            )

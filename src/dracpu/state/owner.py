@@ -63,7 +63,9 @@ from dracpu.metrics import DriverMetrics
 from dracpu.state import claims as claim_transactions
 from dracpu.state import events
 from dracpu.state.steps import (
+    WRITER_NOT_RUNNING,
     AdmissionError,
+    CheckpointOutcomeUnknown,
     ClaimSteps,
     CreateDecision,
     PrepareOutcome,
@@ -264,19 +266,28 @@ class NodeState:
     async def make_durable(self, reason: ClaimsChangeReason) -> None:
         """Wait until the checkpoint holds the current claims (pending ones included).
 
-        Raises ``StateFileError`` when it cannot be written or no writer runs. Without a
-        checkpoint writer (tests, benchmarks) the state is memory-only and this returns.
+        Raises ``StateFileError`` when it cannot be written or no writer runs (also once
+        the channels are closed at a stop: the same words as before they could be closed),
+        and ``CheckpointOutcomeUnknown`` when a stop left the write in its thread. Without
+        a checkpoint writer (tests, benchmarks) the state is memory-only and this returns.
         """
-        if self._closed:
-            raise StateFileError("the checkpoint writer stopped: dracpu is stopping")
+        if self._closed or (self._claims_out is not None and not self._writer_running):
+            raise StateFileError(WRITER_NOT_RUNNING)
         if self._claims_out is None:
             return
-        if not self._writer_running:
-            raise StateFileError("the checkpoint writer is not running")
         send, receive = trio.open_memory_channel[CheckpointWritten](1)
         self._publish_claims(reason, send)
         async with receive:
-            written = await receive.receive()
+            try:
+                written = await receive.receive()
+            except trio.EndOfChannel:
+                # The writer closed the reply unanswered: nothing says the write happened,
+                # so the caller must undo as for a failed one.
+                raise StateFileError(
+                    "the checkpoint writer ended without answering: not written"
+                ) from None
+        if written.outcome_unknown:
+            raise CheckpointOutcomeUnknown(written.error)
         if written.error:
             raise StateFileError(written.error)
 

@@ -17,7 +17,9 @@ from dracpu.cpuset import CPUSet
 from dracpu.messages import ContainerIntent
 
 __all__ = [
+    "WRITER_NOT_RUNNING",
     "AdmissionError",
+    "CheckpointOutcomeUnknown",
     "ClaimSteps",
     "CreateDecision",
     "FailedAt",
@@ -29,6 +31,18 @@ __all__ = [
 
 class StateFileError(Exception):
     """The checkpoint could not be written; the message names the file and the OS error."""
+
+
+class CheckpointOutcomeUnknown(StateFileError):
+    """A stop left the checkpoint write in its thread after waiting the stop bound: it may
+    still land, with the change in it, or not. The daemon is exiting, so the caller undoes
+    nothing (an undo could contradict what lands); the next start rebuilds the claims from
+    the checkpoint and the CDI specs, and the kubelet retries the call."""
+
+
+# What a prepare or an unprepare hears when no checkpoint writer runs, a stop included
+# (the words dracpu has always used: logs and alerts may match them).
+WRITER_NOT_RUNNING = "the checkpoint writer is not running"
 
 
 class AdmissionError(StateError):
