@@ -9,22 +9,33 @@ node config says so (``isolateIRQs``). Each change is one pass (``plan.plan_pass
 worker thread that a stop does not cut short (``nursery.threads.run_to_completion``: the
 record and the masks go together), but waits for ``STOP_BOUND`` seconds at most, so a hung
 /proc write cannot hold up the daemon's stop. A pass left to its thread then still writes
-the record of originals before any mask (step 2), so the next process's first pass puts
+the record before any mask (step 3), so the next process's first pass puts
 right what it did not do; passes take one worker thread at a time (a limiter held until
 the thread really ends), so two never overlap:
 
 1. read ``default_smp_affinity`` and every ``<N>/smp_affinity_list``; a file that cannot
    be read or holds what no kernel prints is reported and the pass writes nothing for it
    (an unreadable default ends the pass before anything is written);
-2. write the record of originals (``record.py``) if it changed, before any mask;
-3. write the masks that differ from the wanted ones. A write the kernel refuses (managed
+2. plan (``plan.py``): dracpu owns only the masks that still read what it wrote; other
+   writers' masks (irqbalance, the administrator) lose banned CPUs and nothing else, and
+   are not given back; no mask is planned without an online CPU (the owner's
+   ``NodeView.online``);
+3. if a write changes a mask to something other than its original, write the record
+   (``record.py``) with the originals and the masks about to be written first;
+4. write the masks that differ from the wanted ones. A write the kernel refuses (managed
    interrupts: EIO, EPERM since Linux 6.12) is counted and not tried again by this
-   process; an interrupt that vanished meanwhile is forgotten;
-4. with nothing banned any more, forget the originals that were given back.
+   process; an interrupt that vanished meanwhile is forgotten; a failed write leaves the
+   mask dracpu's only if it was before;
+5. write the record of what dracpu owns now (with nothing banned: what it could not give
+   back yet).
 
-While something is banned a pass also runs every ``resync_interval`` (60 s), putting back
-what another writer (irqbalance) moved onto banned CPUs; a failed pass is retried after
-``retry_interval``.
+While something is banned or owned a pass also runs every ``resync_interval`` (60 s),
+clearing banned CPUs that another writer put back, and as soon as the online CPUs differ
+from the last pass's (checked every ``online_interval``, 5 s: the owner publishes no
+message for a hotplug change that leaves the shared pool as it was, and reading its view
+costs nothing); a failed pass is retried after ``retry_interval``. Claims restored without
+their options keep the ban the record gives their CPUs until they are unprepared
+(``inherit``).
 """
 
 from __future__ import annotations
