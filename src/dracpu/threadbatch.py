@@ -45,10 +45,16 @@ def _run_all(batch: list[_Call[Any]]) -> None:
 class ThreadBatcher:
     """Run blocking calls in a worker thread, one batch at a time, in submission order."""
 
-    def __init__(self, *, max_batch: int = 64) -> None:
+    def __init__(self, *, max_batch: int = 64, limiter: trio.CapacityLimiter | None = None) -> None:
+        """``limiter``: where the batches take their worker thread; one of its own by
+        default. Never Trio's default pool, which callers share with threads abandoned
+        elsewhere (a hung read cut short at its deadline keeps its token): once those hold
+        every token, a batch, and every caller shielded behind it, would wait forever."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         self._max_batch = max_batch
+        # One batch at a time runs, so one token is all it ever needs.
+        self._limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
         self._queue: list[_Call[Any]] = []
         self._busy = False
         self.batches = 0  # batches run so far (for tests and benchmarks)
@@ -73,7 +79,7 @@ class ThreadBatcher:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
                 try:
-                    await trio.to_thread.run_sync(_run_all, batch)
+                    await trio.to_thread.run_sync(_run_all, batch, limiter=self._limiter)
                 except Exception as exc:  # no thread to run them in: each call fails
                     for failed in batch:
                         failed.result = failed.result or outcome.Error(exc)

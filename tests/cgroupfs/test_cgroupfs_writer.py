@@ -582,3 +582,43 @@ def test_concurrent_writers_keep_both_widenings(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert read(pod / "cpuset.cpus") == "0-63"
+
+
+async def test_a_hung_cgroup_check_strands_one_thread_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new container's cgroup check is cut short at its deadline and its thread left
+    # behind. With a hung cgroupfs, one check per container would strand one thread of
+    # Trio's shared pool each, until nothing else (device metadata, sysfs) got a thread.
+    # The checks have a limiter of their own: one thread is stranded, whatever the count.
+    root = v1_root(tmp_path)
+    make_cgroup(root / "cpuset", "kubepods/podp1/c1")
+    writer = CgroupWriter(str(root), create_wait=0.2, create_poll=0.01)
+    entered, release = threading.Event(), threading.Event()
+    hung: list[int] = []
+
+    def hung_check(intents: object) -> bool:
+        hung.append(1)
+        entered.set()
+        release.wait(timeout=30)
+        return True
+
+    monkeypatch.setattr(writer, "_all_exist", hung_check)
+    default = trio.to_thread.current_default_thread_limiter()
+    before = default.borrowed_tokens
+    want = intent("c1", cpus="5")
+    inbox = writer.inbox()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run, FakeView([want]))
+            for _ in range(5):
+                await inbox.send(VerifyCpusets(intents=(want,), cause="create"))
+            await trio.to_thread.run_sync(entered.wait, 10)
+            await trio.sleep(0.5)  # every check's deadline passed
+            assert len(hung) == 1
+            assert writer._create_checks.borrowed_tokens == 1
+            assert default.borrowed_tokens == before
+            nursery.cancel_scope.cancel()
+        assert read(root / "cpuset/kubepods/podp1/c1/cpuset.cpus") == "5"  # checks went on
+    finally:
+        release.set()

@@ -130,3 +130,37 @@ async def test_max_batch_splits_a_long_queue() -> None:
         await trio.testing.wait_all_tasks_blocked()
         gate.set()
     assert batcher.batches == 1 + 3  # the gate, then 2 + 2 + 1
+
+
+async def test_batches_run_while_trios_default_threads_are_all_held() -> None:
+    # Threads abandoned elsewhere (a hung read cut short at its deadline) keep their
+    # tokens of Trio's shared default limiter; the batcher's own limiter is not among them.
+    default = trio.to_thread.current_default_thread_limiter()
+    release = threading.Event()
+    saved = default.total_tokens
+    default.total_tokens = 1
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, release.wait, 10)
+            await trio.testing.wait_all_tasks_blocked()
+            assert default.available_tokens == 0
+            batcher = ThreadBatcher()
+            with trio.fail_after(5):
+                assert await batcher.run(str.upper, "meta") == "META"
+            release.set()
+    finally:
+        release.set()
+        default.total_tokens = saved
+
+
+async def test_a_given_limiter_is_the_one_batches_take() -> None:
+    limiter = trio.CapacityLimiter(1)
+    batcher = ThreadBatcher(limiter=limiter)
+    seen: list[int] = []
+
+    def call() -> str:
+        seen.append(limiter.borrowed_tokens)
+        return "done"
+
+    assert await batcher.run(call) == "done"
+    assert seen == [1] and limiter.borrowed_tokens == 0

@@ -144,6 +144,11 @@ class CgroupWriter(BlockingCgroupWriter):
         self._pass_ended = Pulse()
         # One blocking step at a time: an abandoned step holds it until its thread ends.
         self._one_thread = trio.CapacityLimiter(1)
+        # New containers' cgroup checks take their thread from here, not Trio's default
+        # pool: a check cut short at its deadline leaves its thread (a hung isdir), and it
+        # keeps its token. With one token, a hung cgroupfs strands one thread in all; later
+        # checks wait for the token until their own deadline, holding no thread.
+        self._create_checks = trio.CapacityLimiter(1)
 
     def inbox(self) -> trio.MemorySendChannel[WriteRequest]:
         """A send end of the writer's inbox (one per sender)."""
@@ -203,7 +208,10 @@ class CgroupWriter(BlockingCgroupWriter):
             with trio.move_on_after(self.create_wait):
                 # Reads only: cut short by the wait's deadline or a stop, the thread is left.
                 while not await trio.to_thread.run_sync(
-                    self._all_exist, message.intents, abandon_on_cancel=True
+                    self._all_exist,
+                    message.intents,
+                    abandon_on_cancel=True,
+                    limiter=self._create_checks,
                 ):
                     await trio.sleep(self.create_poll)
             await ready.send(message)

@@ -175,7 +175,11 @@ class DRAService:
         self.plugin_data_dir = plugin_data_dir
         # Like _offload_io, for metadata files: a caller's choice holds for them too.
         self._metadata_offload = offload_io
-        self._metadata_batches = ThreadBatcher()
+        # Metadata batches take their worker thread from a limiter of their own (one: one
+        # batch runs at a time), never from Trio's default pool: threads abandoned there by
+        # others (a hung cgroupfs or sysfs read) would hold every token, and every prepare
+        # and unprepare would wait for a batch forever (kubelet/_aio.py: the same reason).
+        self._metadata_batches = ThreadBatcher(limiter=trio.CapacityLimiter(1))
         # Deletes what unprepares set aside; `dracpu run` runs it as a service.
         self.metadata_purger = (
             MetadataPurger(plugin_data_dir) if plugin_data_dir is not None else None
