@@ -101,3 +101,40 @@ def test_report_health_marks_the_devices_of_claims_on_offline_cpus() -> None:
     report_health(state.view, ["cpudev001"], health, metrics)
     assert dict(health.report().unhealthy) == {}
     assert registry.get_sample_value("dracpu_claims_on_offline_cpus") == 0
+
+
+async def test_a_change_not_applied_yet_is_sent_once_and_a_revert_is_sent_at_once(
+    tmp_path: Path,
+) -> None:
+    # The owner's online CPUs change only when the receiver applies a change; the polls
+    # in between must not send the same change again.
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FAKE_SYSFS / FIXTURE, sysfs)
+    state = node(sysfs)
+    before = state.view.online
+    send, receive = trio.open_memory_channel[TopologyChanged](10)
+    watcher = HotplugWatcher(SysfsSource(root=str(sysfs)), state.view, send, interval=0.01)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watcher.run)
+        set_online(sysfs, 79, False)
+        with trio.fail_after(10):
+            first = await receive.receive()
+        assert (first.went, first.came) == ("79", "")
+        await trio.sleep(0.2)  # twenty polls, the change still not applied
+        with pytest.raises(trio.WouldBlock):
+            receive.receive_nowait()
+        # Back online before the first change was applied: the owner will apply both in
+        # order, so the reverse change is sent now, relative to the first.
+        set_online(sysfs, 79, True)
+        with trio.fail_after(10):
+            back = await receive.receive()
+        assert (back.went, back.came) == ("", "79")
+        assert state.inventory is not None
+        state.apply_topology(first.topology, state.inventory)
+        state.apply_topology(back.topology, state.inventory)
+        assert state.view.online == before
+        await trio.sleep(0.2)
+        with pytest.raises(trio.WouldBlock):
+            receive.receive_nowait()
+        nursery.cancel_scope.cancel()
+    assert watcher.events == 2

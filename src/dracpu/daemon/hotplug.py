@@ -1,7 +1,8 @@
 """CPU hotplug: the daemon follows CPUs taken offline and brought back.
 
 Every ``interval`` seconds (one small sysfs read) the watcher compares the kernel's online
-list with the last one. On a change it discovers the topology again (a CPU's topology files
+list with the owner's (or, while a change it sent is not applied yet, with that change's:
+each change is sent once). On a change it discovers the topology again (a CPU's topology files
 are readable only while it is online) and sends one ``TopologyChanged`` on its channel; it
 changes nothing itself. Whoever receives it (the daemon's ``follow_topology`` task) applies
 it in one step on the Trio thread:
@@ -100,6 +101,20 @@ class HotplugWatcher:
         self.events = 0
         self._view = view
         self._changes = changes
+        # The online CPUs of the last change sent. The owner's change only once the
+        # receiver applied it: until then a poll compares with this, or it would send
+        # the same change again at every poll in between.
+        self._last_sent: CPUSet | None = None
+        # sysfs reads are abandoned on cancel; a thread left behind on a hung read keeps
+        # this limiter's token, not one of Trio's shared pool (nursery/threads.py).
+        self._reads = trio.CapacityLimiter(1)
+
+    def _expected_online(self) -> CPUSet:
+        """The online CPUs the owner will have once what was sent is applied."""
+        owner = self._view.online
+        if self._last_sent is not None and owner != self._last_sent:
+            return self._last_sent  # a change sent and not applied yet
+        return owner
 
     def close(self) -> None:
         """No run will send again: the receiver ends once every run's clone is closed."""
@@ -115,12 +130,12 @@ class HotplugWatcher:
                 try:
                     # sysfs reads: abandoned on cancel, so a stop never waits for them.
                     online = await trio.to_thread.run_sync(
-                        read_online, reader, abandon_on_cancel=True
+                        read_online, reader, abandon_on_cancel=True, limiter=self._reads
                     )
                 except TopologyError as exc:
                     log.warning("cannot read the online CPUs", err=exc)
                     continue
-                if online != self._view.online:
+                if online != self._expected_online():
                     await self._changed(online, out)
 
     async def _changed(self, online: CPUSet, out: trio.MemorySendChannel[TopologyChanged]) -> None:
@@ -133,12 +148,14 @@ class HotplugWatcher:
                     expose_pcie_roots=src.expose_pcie_roots,
                 ),
                 abandon_on_cancel=True,  # reads only, like the poll
+                limiter=self._reads,
             )
         except TopologyError as exc:
             log.warning("CPU hotplug: cannot discover the topology again", err=exc)
             return
-        # Sent and applied before the next poll: the owner's online CPUs are these then.
-        known = self._view.online
+        # What changed since the owner's CPUs, or since the last change sent if the
+        # receiver has not applied that one yet (they are applied in order).
+        known = self._expected_online()
         went, came = known - online, online - known
         self.events += 1
         log.warning(
@@ -148,6 +165,7 @@ class HotplugWatcher:
             nowOnline=online.format(),
         )
         await out.send(TopologyChanged(topology=topo, went=went.format(), came=came.format()))
+        self._last_sent = online
 
 
 def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
