@@ -678,3 +678,31 @@ async def test_request_stop_and_outer_cancellation_still_stop_services(
 
     assert await sup2.run_until_signal(startup2, signal_receiver=no_signals) == 0
     assert sup2.stop_reason == "demo finished"
+
+
+async def test_an_outer_cancellation_still_stops_in_reverse_order_with_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The services' scopes are shielded: only stop() cancels them, one at a time.
+    sup = Supervisor()
+    stopped: list[tuple[str, float]] = []
+
+    def make(name: str):  # type: ignore[no-untyped-def]
+        async def run(*, task_status: trio.TaskStatus[None]) -> None:
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(1)  # draining
+                stopped.append((name, trio.current_time()))
+
+        return run
+
+    async def startup(s: Supervisor) -> None:
+        for name in ("http", "kubelet", "slices"):
+            await s.start(Service(name=name, run=make(name)))
+
+    with trio.move_on_after(10):
+        await sup.run_until_signal(startup, signal_receiver=no_signals)
+    assert stopped == [("slices", 11.0), ("kubelet", 12.0), ("http", 13.0)]
