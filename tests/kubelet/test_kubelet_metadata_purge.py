@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,57 @@ def test_the_metadata_file_is_as_durable_as_its_cdi_spec(
     monkeypatch.setattr(metadata, "atomic_write", recorded)
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None, spec_durable=durable)
     assert seen == {"metadata.json": durable, f"dra.cpu_metadata_{UID}_cpus.json": durable}
+
+
+async def test_the_purger_deletes_what_an_earlier_run_left_as_it_starts(
+    dirs: tuple[str, str],
+) -> None:
+    # A crash (or a stop mid-purge) leaves set-aside directories; they go at start, not
+    # only after this run's first unprepare.
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
+    assert len(entries(plugin_dir)) == 1
+    purger = MetadataPurger(plugin_dir)  # a new run: nobody asks
+    async with trio.open_nursery() as nursery:
+        await nursery.start(purger.run)
+        with trio.fail_after(10):
+            while entries(plugin_dir):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert purger.purged == 1
+
+
+async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
+    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin_dir, _ = dirs
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def hung_purge(root: str) -> int:
+        calls.append(root)
+        entered.set()
+        release.wait(30)
+        return 0
+
+    monkeypatch.setattr(metadata, "purge_removed_metadata", hung_purge)
+    default = trio.to_thread.current_default_thread_limiter()
+    before = default.borrowed_tokens
+    purger = MetadataPurger(plugin_dir)
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(purger.run)
+                await trio.to_thread.run_sync(entered.wait, 10)
+                assert default.borrowed_tokens == before
+                scope.cancel()  # a stop: the purge is left to its thread
+        assert scope.cancelled_caught
+        # A restarted service's purge waits for the one left behind instead of running
+        # beside it.
+        purger.soon()
+        with trio.move_on_after(0.2):
+            await purger.run()
+        assert calls == [plugin_dir]
+    finally:
+        release.set()

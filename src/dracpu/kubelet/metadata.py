@@ -254,14 +254,19 @@ def purge_removed_metadata(plugin_dir: str) -> int:
 class MetadataPurger:
     """Deletes set-aside metadata directories in the background: ``soon`` asks for a purge,
     and ``run``, a service of the root supervisor (``dracpu run`` starts it as
-    ``metadata-purge``), deletes in a worker thread, once per ask (asks made during a purge
-    are answered by one more). Deleting is abandoned on cancel: a stop does not wait for
-    it, and what is left is deleted by the next purge, of this run or the next."""
+    ``metadata-purge``), deletes in a worker thread, once as it starts (what an earlier run
+    set aside and did not delete, a crash or a stop mid-purge) and then once per ask (asks
+    made during a purge are answered by one more). Deleting is abandoned on cancel: a stop
+    does not wait for it, and what is left is deleted by the next purge, of this run or the
+    next. The thread comes from a limiter of one of its own (nursery/threads.py): a purge
+    left behind keeps its token, so the next one cannot run beside it, and it never holds
+    a token of Trio's shared pool."""
 
     def __init__(self, plugin_dir: str) -> None:
         self.plugin_dir = plugin_dir
         self._asked = Pulse()
-        self._again = False
+        self._again = True  # the purge at start
+        self._one_thread = trio.CapacityLimiter(1)
         self.purged = 0  # directories deleted so far
 
     def soon(self) -> None:
@@ -275,7 +280,10 @@ class MetadataPurger:
             await self._asked.wait_until(lambda: self._again)
             self._again = False
             self.purged += await trio.to_thread.run_sync(
-                purge_removed_metadata, self.plugin_dir, abandon_on_cancel=True
+                purge_removed_metadata,
+                self.plugin_dir,
+                abandon_on_cancel=True,
+                limiter=self._one_thread,
             )
 
 
