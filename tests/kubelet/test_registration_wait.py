@@ -78,3 +78,19 @@ def test_a_service_without_a_supervisor_has_a_flag_of_its_own() -> None:
     service = RegistrationService(endpoint="/x/dra.sock")
     assert service.ready.name == READY_COMPONENT and not service.ready.ready
     assert service.ready.reason == WAITING_REASON
+
+
+async def test_the_registration_service_says_why_every_interval_until_registered(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = RegistrationService(endpoint="/x/dra.sock", registrar_dir="/k/plugins_registry")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.report_until_registered, 30.0)
+        await trio.sleep(70)
+        service.record_status(True, "")
+        await trio.sleep(100)  # registered: nothing more to say
+        nursery.cancel_scope.cancel()
+    warnings = [r for r in caplog.records if r.getMessage() == "plugin not registered yet"]
+    assert len(warnings) == 2  # at 30 s and 60 s
+    err = getattr(warnings[0], "dracpu_kv", {}).get("err", "")
+    assert err.startswith("kubelet never reported a registration status, check that it watches ")

@@ -47,7 +47,7 @@ from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.kubelet.dra import DRAService
 from dracpu.kubelet.health import HealthService
 from dracpu.kubelet.plugin import KubeletPlugin
-from dracpu.kubelet.registration import WAITING_REASON, RegistrationError, RegistrationService
+from dracpu.kubelet.registration import WAITING_REASON, RegistrationService
 from dracpu.logs import get_logger
 from dracpu.messages import TopologyChanged
 from dracpu.metrics import DriverMetrics
@@ -349,7 +349,10 @@ class Daemon:
         )
         services = [
             Service(name="kubelet", run=self.kubelet.run),
-            Service(name="registration", run=self._watch_registration),
+            Service(
+                name="registration",
+                run=partial(self.kubelet.registration.report_until_registered, REGISTRATION_WAIT),
+            ),
             Service(name="nri", run=self.session.run),
             # The one cgroupfs writer: the runtime's failures, the passes, drift repairs.
             Service(name="cgroup-writer", run=partial(self.writer.run, self.state.view)),
@@ -422,26 +425,6 @@ class Daemon:
         )
 
     # -- long-lived glue tasks ----------------------------------------------------------
-
-    async def _watch_registration(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Say why the kubelet has not registered the plugin, every 30 s until it does.
-
-        Upstream exits when registration takes longer than 30 s (behavior.md §7); dracpu
-        keeps serving (NRI pinning and the fallback do not need the kubelet) and stays
-        not ready, with the same message in the log and on ``/readyz``.
-        """
-        assert self.kubelet is not None
-        task_status.started()
-        registration = self.kubelet.registration
-        while True:
-            try:
-                await registration.wait_registered(REGISTRATION_WAIT)
-            except RegistrationError as exc:
-                log.warning("plugin not registered yet", err=str(exc))
-                continue
-            await trio.sleep_forever()
 
     async def _run_slices(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -23,6 +23,7 @@ from grpclib.exceptions import GRPCError
 
 from dracpu import DRIVER_NAME
 from dracpu.gofmt import go_quote
+from dracpu.logs import get_logger
 from dracpu.nursery.readiness import ReadyFlag
 from dracpu.proto.pluginregistration import api_grpc as reg_grpc
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+klog = get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 # protocols.md §2.4, in its order: kubelets take the first DRA service they know, so v1
@@ -140,6 +142,28 @@ class RegistrationService(reg_grpc.RegistrationBase):
             "kubelet never reported a registration status, check that it watches "
             f"{self.registrar_dir}: {_TIMEOUT_ERROR}"
         )
+
+    async def report_until_registered(
+        self,
+        every: float = REGISTRATION_TIMEOUT,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The ``registration`` service: say why the kubelet has not registered the
+        plugin, every ``every`` seconds until it does.
+
+        Upstream exits when registration takes longer than 30 s (behavior.md §7); dracpu
+        keeps serving (NRI pinning and the cgroupfs writer do not need the kubelet) and
+        stays not ready, with the same message in the log and on ``/readyz``.
+        """
+        task_status.started()
+        while True:
+            try:
+                await self.wait_registered(every)
+            except RegistrationError as exc:
+                klog.warning("plugin not registered yet", err=str(exc))
+                continue
+            await trio.sleep_forever()
 
     async def wait_registered(self, timeout: float = REGISTRATION_TIMEOUT) -> None:
         """Return once the kubelet accepted the plugin (at once if it has), woken by the
