@@ -28,8 +28,8 @@ IRQ_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
         "gauge",
         "Interrupts still allowed on banned CPUs after the last pass: refused (the kernel "
         "does not let user space move it: managed or per-CPU interrupts), would-empty (every "
-        "CPU it may use is banned, so it was left as it was) or error (its file could not be "
-        "read or written).",
+        "online CPU it may use is banned, so no mask without one was written) or error (its "
+        "file could not be read or written).",
         ("reason",),
     ),
     MetricDefinition(
