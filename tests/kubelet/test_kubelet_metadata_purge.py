@@ -8,6 +8,7 @@ background) deletes what was set aside.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -139,10 +140,10 @@ async def test_the_purger_deletes_what_an_earlier_run_left_as_it_starts(
     async with trio.open_nursery() as nursery:
         await nursery.start(purger.run)
         with trio.fail_after(10):
-            while entries(plugin_dir):
+            while purger.purged < 1:  # counted once its thread returned
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
-    assert purger.purged == 1
+    assert purger.purged == 1 and entries(plugin_dir) == []
 
 
 async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
@@ -178,3 +179,53 @@ async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
         assert calls == [plugin_dir]
     finally:
         release.set()
+
+
+NEW_UID = "0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+@pytest.mark.parametrize("purge", [True, False])
+def test_an_old_claims_unprepare_leaves_the_new_claim_of_the_same_name(
+    dirs: tuple[str, str], purge: bool
+) -> None:
+    # team-a/web deleted and created again (a new UID), the new one prepared before the
+    # old one's unprepare: the directory, keyed by namespace and name, is the new one's.
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    new = ClaimAllocation(uid=NEW_UID, namespace="team-a", name="web")
+    assert write_claim_metadata(plugin_dir, cdi_dir, new, DEVICES, None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=purge)
+    assert entries(plugin_dir) == ["team-a_web"]
+    document = json.loads(
+        Path(plugin_dir, METADATA_DIR, "team-a_web", "cpus", "metadata.json").read_text()
+    )
+    assert document["metadata"]["uid"] == NEW_UID
+    assert os.listdir(cdi_dir) == [f"dra.cpu_metadata_{NEW_UID}_cpus.json"]
+    # The new claim's own unprepare removes it.
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", NEW_UID, purge=purge)
+    assert purge_removed_metadata(plugin_dir) == (0 if purge else 1)
+    assert entries(plugin_dir) == [] and os.listdir(cdi_dir) == []
+
+
+def test_only_the_old_claims_requests_go_when_both_wrote_some(dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    new = ClaimAllocation(uid=NEW_UID, namespace="team-a", name="web")
+    other_request = [
+        PreparedDevice(pool_name="node-a", device_name="cpudevnuma001", request_names=("pool",))
+    ]
+    write_claim_metadata(plugin_dir, cdi_dir, new, other_request, None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
+    assert sorted(os.listdir(Path(plugin_dir, METADATA_DIR, "team-a_web"))) == ["pool"]
+    assert os.listdir(cdi_dir) == [f"dra.cpu_metadata_{NEW_UID}_pool.json"]
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"metadata": 3}', b"{}"])
+def test_a_document_that_names_no_uid_is_taken_for_the_claims_own(
+    dirs: tuple[str, str], content: bytes
+) -> None:
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
+    Path(plugin_dir, METADATA_DIR, "team-a_web", "cpus", "metadata.json").write_bytes(content)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID)
+    assert entries(plugin_dir) == []

@@ -207,8 +207,8 @@ def remove_claim_metadata(
     about 1-3 ms, and a claim's tree has two).
     """
     claim_dir = _claim_dir(plugin_dir, namespace, name)
-    if claim_dir is not None and (purge or not _set_aside(claim_dir)):
-        _remove_logged(shutil.rmtree, claim_dir, "device metadata")
+    if claim_dir is not None:
+        _remove_claim_dir(claim_dir, uid, purge=purge)
     if not _uid_ok(uid):
         return
     # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
@@ -222,6 +222,49 @@ def remove_claim_metadata(
         os.path.join(cdi_dir, n) for n in names if n.startswith(prefix) and n.endswith(".json")
     ):
         _remove_logged(os.unlink, path, "device metadata spec")
+
+
+def _remove_claim_dir(claim_dir: str, uid: str, *, purge: bool) -> None:
+    """Remove the claim's directory, leaving any request in it that another claim of the
+    same namespace and name wrote.
+
+    The directory is named after the claim's namespace and name, not its UID: that is the
+    layout of the upstream kubelet plugin helper (k8s.io/dynamic-resource-allocation,
+    kubeletplugin's metadata writer: ``<plugin dir>/dra-device-metadata/<ns>_<name>/``),
+    and its cleanup deletes the directory whatever it holds. A claim deleted and created
+    again under the same name (a new UID) may be prepared before the old one's unprepare
+    arrives; that unprepare must not take the new claim's files, which its CDI spec
+    mounts. Each request's document names the claim's UID, so whatever names another UID
+    stays; what cannot be read is taken for this claim's, as before.
+    """
+    try:
+        requests = os.listdir(claim_dir)
+    except OSError:
+        requests = []
+    others = [r for r in requests if _written_for_another(claim_dir, r, uid)]
+    if not others:
+        if purge or not _set_aside(claim_dir):
+            _remove_logged(shutil.rmtree, claim_dir, "device metadata")
+        return
+    log.info(
+        "device metadata of %s kept for requests %s: another claim of the same name wrote it",
+        claim_dir,
+        ", ".join(sorted(others)),
+    )
+    for request in requests:
+        if request not in others:
+            _remove_logged(shutil.rmtree, os.path.join(claim_dir, request), "device metadata")
+
+
+def _written_for_another(claim_dir: str, request: str, uid: str) -> bool:
+    """Whether the request's metadata document names a claim UID other than ``uid``."""
+    try:
+        with open(os.path.join(claim_dir, request, "metadata.json"), "rb") as f:
+            document = json.loads(f.read(1 << 20))
+        written_for = document["metadata"]["uid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(written_for, str) and written_for != uid
 
 
 def _set_aside(claim_dir: str) -> bool:
