@@ -240,13 +240,14 @@ class Daemon:
             boot_id=read_boot_id(self.proc_root),
             config_fingerprint=config_fingerprint(cfg),
         )
+        view = self.state.view
         self.irq = IrqIsolation(
             self.proc_root,
             cfg.stateDir,
             boot_id=self.checkpoint.boot_id,
-            claims=self.state.view.claims,
+            claims=view.claims,
             # Masks must keep an online CPU; a hotplug change wakes a pass (irq/service.py).
-            online=lambda: self.state.view.online,
+            online=lambda: view.online,
             isolate_all=cfg.isolateIRQs,
             metrics=IrqMetrics(self.registry),
         )
