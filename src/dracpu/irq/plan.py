@@ -13,7 +13,10 @@ while the mask is still the one it wrote:
 - **any other mask** is another writer's choice. While it holds no banned CPU it is left
   alone (and forgotten: nothing to give back); otherwise dracpu writes ``now - banned``,
   or ``original - banned`` when that is empty, and the mask it replaced becomes the
-  original to give back;
+  original to give back. irqbalance configured as docs/workloads.md says (its
+  ``IRQBALANCE_BANNED_CPULIST``: CPUs that get no interrupt when it rebalances, per its
+  misc/irqbalance.env) only writes masks of the first kind, so the two no longer undo
+  each other's writes;
 - a wanted mask must hold an *online* CPU: the kernel refuses the write otherwise
   (kernel/irq/proc.c ``write_irq_affinity``: a mask that intersects no online CPU goes to
   ``irq_select_affinity_usr``, which answers -EINVAL everywhere but Alpha;
