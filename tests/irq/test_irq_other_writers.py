@@ -269,6 +269,7 @@ def test_a_claim_restored_without_options_keeps_its_ban_until_unprepared(
     named = [getattr(r, "dracpu_kv", {}).get("claim") for r in caplog.records]
     assert named == ["default/db"]  # web (u-2) was never banned
     assert again.banned_now() == C("2-3")
+    assert again.describe()["inheritedBans"] == {"u-1": "2-3"}
     again.apply(again.banned_now())
     assert affinities(proc)[24] == "0-1,4-7"
     claims.records = [other]  # unprepared

@@ -441,6 +441,8 @@ class IrqIsolation:
             "isolateAll": self.isolate_all,
             "bannedCPUs": self.record.banned.format(),
             "remembered": len(self.record.originals),
+            # Claims restored without their options whose CPUs stay banned (``inherit``).
+            "inheritedBans": {uid: cpus.format() for uid, cpus in sorted(self.inherited.items())},
             "passes": self.passes,
             "lastPass": self.last.describe() if self.last is not None else None,
             "lastError": self.last_error or None,
