@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from builders import claim, result
 from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare_stub, serving
 
@@ -223,3 +224,35 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
     finally:
         shutil.rmtree(cdi_dir, ignore_errors=True)
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_prepares_and_unprepares_reply_while_trios_default_threads_are_all_held(
+    dirs: tuple[str, str],
+) -> None:
+    # The review's scenario: threads abandoned in Trio's shared pool (a hung cgroupfs
+    # check per new container, before it had a limiter of its own) hold every token. The
+    # spec and metadata I/O take their threads from the service's own limiters, so calls
+    # still reply, an unknown claim's unprepare included.
+    cdi_dir, plugin_dir = dirs
+    node = make_node(cdi_dir, offload_io=True)  # every file step in a worker thread
+    service = node.restart(plugin_data_dir=plugin_dir, offload_io=True)
+    node.claims.put(claim("uid-h", result("cpudevnuma001", 2), name="h"))
+    ref = ClaimRef(namespace="default", name="h", uid="uid-h")
+    unknown = ClaimRef(namespace="default", name="never", uid="uid-never")
+    default = trio.to_thread.current_default_thread_limiter()
+    saved, release = default.total_tokens, threading.Event()
+    default.total_tokens = 1
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, release.wait, 30)
+            await trio.testing.wait_all_tasks_blocked()
+            assert default.available_tokens == 0
+            with trio.fail_after(10):
+                assert (await service.prepare([ref]))["uid-h"].error == ""
+                assert os.path.exists(os.path.join(cdi_dir, "dra.cpu_metadata_uid-h_cpus.json"))
+                assert (await service.unprepare([ref, unknown]))["uid-h"].error == ""
+            assert os.listdir(cdi_dir) == []
+            release.set()
+    finally:
+        release.set()
+        default.total_tokens = saved
