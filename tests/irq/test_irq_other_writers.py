@@ -3,6 +3,7 @@ CPU hotplug: the review's scenarios (issue 27), each against a fake procfs tree.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from pathlib import Path
@@ -16,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from dracpu.allocation.options import AllocationOptions
 from dracpu.allocation.store import ClaimRecord
 from dracpu.cpuset import CPUSet
+from dracpu.irq.masks import HexMask
 from dracpu.irq.metrics import IrqMetrics
+from dracpu.irq.procfs import IrqWriteError, ProcIrq
 from dracpu.irq.record import RECORD_FILE, IrqRecordError, decode_record
 from dracpu.irq.service import IrqIsolation
 
@@ -283,3 +286,28 @@ def test_nothing_is_inherited_without_a_ban_on_record(tmp_path: Path, proc: Path
     svc = service(tmp_path, claims)
     svc.inherit(claims())
     assert svc.inherited == {} and svc.banned_now() == CPUSet()
+
+
+def test_a_failed_default_write_keeps_the_default_only_if_it_was_dracpus(
+    tmp_path: Path, proc: Path
+) -> None:
+    class NoDefault(ProcIrq):
+        def write_default(self, mask: HexMask) -> None:
+            raise IrqWriteError(self.default_path, errno.ENOSPC, "No space left on device")
+
+    svc = service(tmp_path)
+    svc.proc = NoDefault(str(proc))
+    report = svc.apply(C("2-3"))  # never dracpu's: nothing of it to give back
+    assert "No space left on device" in report.default_problem
+    assert svc.record.default_original is None and default_mask(proc) == "ff"
+    svc.proc = ProcIrq(str(proc))
+    svc.apply(C("2-3"))
+    assert default_mask(proc) == "f3"
+    svc.proc = NoDefault(str(proc))
+    svc.apply(C("2-3,6-7"))  # dracpu's f3 stays dracpu's, with its original
+    assert default_mask(proc) == "f3"
+    assert svc.record.default_original is not None
+    assert svc.record.default_original.format() == "ff"
+    svc.proc = ProcIrq(str(proc))
+    svc.apply(CPUSet())
+    assert default_mask(proc) == "ff"
