@@ -337,7 +337,10 @@ class IrqIsolation:
         was lost and the claims came back from the CDI specs or the running containers)
         cannot say whether it asked for ``isolateIRQs``. Those of its CPUs the record says
         were banned stay banned until it is unprepared, and the claim is named in a
-        warning. (With the node setting ``isolateIRQs`` every claim is banned anyway.)"""
+        warning. (With the node setting ``isolateIRQs`` every claim is banned anyway.) A
+        claim without options that got the CPUs of one unprepared just before a crash (the
+        pass between them not run) is taken for such a claim too: its CPUs are kept free of
+        interrupts until it is unprepared, an error on the safe side."""
         if self.isolate_all or not self.record.banned:
             return
         for claim in claims:
