@@ -11,14 +11,28 @@ driver's devices, with their `pcieRoot` and NUMA attributes) and `deviceClasses`
 cluster's DeviceClasses, so that `dracpu demo --sysfs-root <report>` replays the node with
 every driver's devices (`apiObjectsSource` says where they came from, or why they are not
 there).
+
+Reaching the API server with the running driver's kubeconfig (its `--kubeconfig`, read
+through `/proc/PID/root`): the files that kubeconfig names (certificate authority, client
+certificate and key, token file) are the driver's too, so they are resolved the same way
+(`driver_kubeconfig`); a credential plugin in it (`exec`, `auth-provider`) would run a
+command found on gatherinfo's filesystem, not the driver's, so such a kubeconfig is not
+used (pass `--kubeconfig`). The whole API step, credential plugins included, runs in a
+child process in a session of its own, whose process group is killed when the step takes
+longer than its deadline (`gather_api_objects_within`): a hung plugin or API server costs
+the bundle its API objects, never the bundle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import re
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,13 +51,16 @@ __all__ = [
     "GatherinfoError",
     "build_report",
     "collect_sysfs",
+    "driver_kubeconfig",
     "driver_processes",
     "find_driver_process",
     "gather_api_objects",
+    "gather_api_objects_within",
     "materialize_sysfs",
     "other_drivers_slices",
     "read_bundle_objects",
     "runs_daemon",
+    "write_private_kubeconfig",
     "write_report",
 ]
 
@@ -318,6 +335,158 @@ def gather_api_objects(
         + classes_text
     )
     return ApiObjects(slices=slices, classes=classes, source=source)
+
+
+# Per kubeconfig section: the entry's body and the keys naming files (client-go's
+# ResolvePaths list for clusters and users; the kubernetes Python client reads these).
+_KUBECONFIG_FILES = (
+    ("clusters", "cluster", ("certificate-authority",)),
+    ("users", "user", ("client-certificate", "client-key", "tokenFile")),
+)
+# Ways a kubeconfig user gets credentials by running something.
+_CREDENTIAL_PLUGINS = ("exec", "auth-provider")
+
+
+def driver_kubeconfig(path: str, resolve: Callable[[str], str]) -> dict[str, Any]:
+    """The running driver's kubeconfig, ``path`` as the driver names it, with every file
+    it names resolved as the driver sees it (``resolve``, ``path_in_process``). A relative
+    file is relative to the kubeconfig's own directory, as client-go and the Python client
+    read it. Raises GatherinfoError when it cannot be read, is no kubeconfig, or a user gets
+    credentials from a plugin (it would run here, on gatherinfo's filesystem)."""
+    seen = resolve(path)
+    try:
+        config = yaml.safe_load(Path(seen).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        why = err.strerror if isinstance(err, OSError) else str(err)
+        raise GatherinfoError(f"read the running driver's kubeconfig {path}: {why}") from None
+    if not isinstance(config, dict):
+        raise GatherinfoError(f"the running driver's kubeconfig {path} is not a kubeconfig")
+    base = os.path.dirname(path)
+    for section, body_key, file_keys in _KUBECONFIG_FILES:
+        entries = config.get(section) or []
+        for entry in entries if isinstance(entries, list) else ():
+            body = entry.get(body_key) if isinstance(entry, dict) else None
+            if not isinstance(body, dict):
+                continue
+            plugin = next((p for p in _CREDENTIAL_PLUGINS if p in body), None)
+            if plugin is not None:
+                raise GatherinfoError(
+                    f"the running driver's kubeconfig {path} gets user "
+                    f"{entry.get('name', '')!r}'s credentials from a plugin ({plugin}), "
+                    "which would run here rather than in the driver's filesystem; pass "
+                    "--kubeconfig"
+                )
+            for key in file_keys:
+                value = body.get(key)
+                if isinstance(value, str) and value:
+                    body[key] = resolve(os.path.join(base, value))
+    return config
+
+
+def write_private_kubeconfig(config: Mapping[str, Any]) -> Path:
+    """``config`` in a new temporary file only this user can read (it may hold keys or
+    tokens inline); the caller removes it."""
+    fd, name = tempfile.mkstemp(prefix="dracpu-gatherinfo-kubeconfig-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as out:
+            yaml.safe_dump(dict(config), out)
+    except OSError as err:
+        os.unlink(name)
+        raise GatherinfoError(f"write a temporary kubeconfig: {err}") from err
+    return Path(name)
+
+
+def _api_step_main() -> None:
+    """The child process of ``gather_api_objects_within``: its request as JSON on stdin,
+    its outcome as JSON on stdout (``{"ok": {...}}`` or ``{"error": "..."}``)."""
+    from dracpu.k8s.client import K8sError, load_api_client
+
+    request = json.load(sys.stdin)
+    outcome: dict[str, Any]
+    try:
+        # No retries: a node without a reachable API server should not hold the report up.
+        api_client = load_api_client(request["kubeconfig"], retries=0)
+        try:
+            found = gather_api_objects(
+                api_client, request["node"], request["driver"], timeout=request["timeout"]
+            )
+        finally:
+            api_client.close()  # type: ignore[no-untyped-call]
+        outcome = {"ok": {"slices": found.slices, "classes": found.classes, "source": found.source}}
+    except (GatherinfoError, K8sError) as err:
+        outcome = {"error": str(err)}
+    json.dump(outcome, sys.stdout)
+
+
+def gather_api_objects_within(
+    kubeconfig: str | None,
+    node_name: str,
+    driver: str,
+    *,
+    deadline: float,
+    request_timeout: float = 10.0,
+) -> ApiObjects:
+    """``gather_api_objects`` through a client loaded from ``kubeconfig`` (None: in-cluster
+    config), all of it, credential plugins included, in a child process of its own session
+    (so of its own process group) given ``deadline`` seconds: past it the group is killed,
+    plugins with it, and GatherinfoError says so, as it does for every failure of the step.
+    A new interpreter rather than a fork: the caller may hold threads, and nothing of the
+    caller's ``__main__`` is run again."""
+    if not deadline > 0:
+        raise GatherinfoError(f"the API step's time limit must be > 0 seconds, got {deadline}")
+    request = {
+        "kubeconfig": kubeconfig,
+        "node": node_name,
+        "driver": driver,
+        "timeout": min(request_timeout, deadline),
+    }
+    argv = [sys.executable, "-c", "from dracpu.gatherinfo import _api_step_main; _api_step_main()"]
+    try:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as err:
+        raise GatherinfoError(f"start the API step: {err}") from err
+    try:
+        out, err_text = child.communicate(json.dumps(request).encode(), timeout=deadline)
+    except subprocess.TimeoutExpired:
+        raise GatherinfoError(
+            f"the API step did not finish within {deadline:g} s (API server or credential "
+            "plugin not answering); stopped it"
+        ) from None
+    finally:
+        _stop(child)
+    try:
+        outcome = json.loads(out)
+        if "ok" in outcome:
+            found = outcome["ok"]
+            return ApiObjects(
+                slices=found["slices"], classes=found["classes"], source=found["source"]
+            )
+        message = str(outcome["error"])
+    except (ValueError, KeyError, TypeError):
+        last = err_text.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        message = f"the API step failed (exit code {child.returncode}): {last[0]}"
+    raise GatherinfoError(message)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """A child not reaped yet (the step ran out of time): kill its process group (the
+    child, and what it started: a credential plugin) and reap it. The group's ID is the
+    child's PID, which stays ours until the child is reaped, so no stranger is signalled.
+    A plugin that left the group and keeps the pipes open is not waited for long."""
+    if child.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.communicate(timeout=5)
+    child.kill()
+    child.wait()
 
 
 def cpu_details(topo: Topology) -> dict[str, Any]:

@@ -15,10 +15,19 @@ import pytest
 import trio
 import yaml
 
+from dracpu.cli.common import CLIError
+from dracpu.cli.gatherinfo import cmd_gatherinfo
 from dracpu.cpuset import CPUSet
-from dracpu.gatherinfo import GatherinfoError, other_drivers_slices, read_bundle_objects
+from dracpu.gatherinfo import (
+    GatherinfoError,
+    driver_kubeconfig,
+    gather_api_objects_within,
+    other_drivers_slices,
+    path_in_process,
+    read_bundle_objects,
+)
 from dracpu_sim.apiserver import SimAPIServer
-from dracpu_sim.apiserver.server import write_kubeconfig
+from dracpu_sim.apiserver.server import kubeconfig_document, write_kubeconfig
 
 REPO = Path(__file__).parents[2]
 SHAPE = REPO / "tests" / "fake_sysfs" / "xeon-2s-ht"
@@ -65,8 +74,9 @@ def _claims_only(path: Path) -> Path:
 
 
 async def _gatherinfo(tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    (tmp_path / "host" / "proc").mkdir(parents=True, exist_ok=True)  # no daemon runs
-    env = {**os.environ, "HOST_ROOT": str(tmp_path / "host")}
+    (tmp_path / "host" / "proc").mkdir(parents=True, exist_ok=True)  # no daemon, unless made
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "HOST_ROOT": str(tmp_path / "host"), "TMPDIR": str(tmp_path / "tmp")}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = await trio.run_process(
         [
@@ -221,3 +231,164 @@ async def test_forbidden_device_classes_keep_the_slices(
         "(dra.net, gpu.example.com); no DeviceClasses: list DeviceClasses: "
     )
     assert "forbidden" in report["apiObjectsSource"]
+
+
+# -- the running driver's kubeconfig, and the API step's time limit ---------------------------
+
+DRIVER_PID = 4242
+
+
+def _driver_process(tmp_path: Path, *flags: str) -> Path:
+    """A running driver under ``$HOST_ROOT/proc`` whose root (``/proc/PID/root``) is a
+    directory of its own; returns that root."""
+    proc = tmp_path / "host" / "proc" / str(DRIVER_PID)
+    root = proc / "root"
+    root.mkdir(parents=True)
+    (proc / "comm").write_text("dracpu\n")
+    (proc / "cmdline").write_bytes(b"\0".join([b"dracpu", *(f.encode() for f in flags)]) + b"\0")
+    return root
+
+
+def test_the_files_a_driver_kubeconfig_names_are_the_drivers(tmp_path: Path) -> None:
+    root = _driver_process(tmp_path)
+    (root / "etc" / "dracpu").mkdir(parents=True)
+    config = {
+        "clusters": [
+            {"name": "a", "cluster": {"server": "https://x", "certificate-authority": "ca.crt"}},
+            {"name": "b", "cluster": {"server": "https://y", "certificate-authority-data": "Q0E="}},
+        ],
+        "users": [
+            {
+                "name": "u",
+                "user": {
+                    "client-certificate": "/etc/pki/client.crt",
+                    "client-key": "../pki/client.key",
+                    "tokenFile": "token",
+                },
+            }
+        ],
+    }
+    (root / "etc" / "dracpu" / "kubeconfig").write_text(yaml.safe_dump(config))
+    resolve = path_in_process(tmp_path / "host" / "proc", DRIVER_PID)
+    got = driver_kubeconfig("/etc/dracpu/kubeconfig", resolve)
+    inside = str(root)
+    assert got["clusters"][0]["cluster"]["certificate-authority"] == f"{inside}/etc/dracpu/ca.crt"
+    assert got["clusters"][1]["cluster"] == {
+        "server": "https://y",
+        "certificate-authority-data": "Q0E=",
+    }
+    assert got["users"][0]["user"] == {
+        "client-certificate": f"{inside}/etc/pki/client.crt",
+        "client-key": f"{inside}/etc/dracpu/../pki/client.key",
+        "tokenFile": f"{inside}/etc/dracpu/token",
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "read the running driver's kubeconfig /etc/kc: No such file or directory"),
+        ("[1, 2]", "the running driver's kubeconfig /etc/kc is not a kubeconfig"),
+        ("{a: [", "read the running driver's kubeconfig /etc/kc: "),
+        (
+            yaml.safe_dump({"users": [{"name": "u", "user": {"exec": {"command": "aws"}}}]}),
+            "gets user 'u''s credentials from a plugin (exec), which would run here",
+        ),
+        (
+            yaml.safe_dump({"users": [{"name": "g", "user": {"auth-provider": {"name": "gcp"}}}]}),
+            "from a plugin (auth-provider)",
+        ),
+    ],
+    ids=["missing", "not-a-mapping", "not-yaml", "exec", "auth-provider"],
+)
+def test_a_driver_kubeconfig_that_cannot_be_used_here_is_refused(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    root = _driver_process(tmp_path)
+    if content is not None:
+        (root / "etc").mkdir()
+        (root / "etc" / "kc").write_text(content)
+    resolve = path_in_process(tmp_path / "host" / "proc", DRIVER_PID)
+    with pytest.raises(GatherinfoError) as info:
+        driver_kubeconfig("/etc/kc", resolve)
+    assert message in str(info.value)
+
+
+async def test_gatherinfo_reaches_the_api_server_with_the_drivers_kubeconfig(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The token file exists only in the driver's root: read from gatherinfo's own
+    # filesystem, the client could not load the kubeconfig at all.
+    server = SimAPIServer(seed=1)
+    await nursery.start(server.serve)
+    for plural, obj in _cluster_objects("worker-3"):
+        server.create(plural, obj)
+    root = _driver_process(tmp_path, "--kubeconfig", "/etc/dracpu/kubeconfig")
+    (root / "etc" / "dracpu").mkdir(parents=True)
+    document = kubeconfig_document(server.url)
+    document["users"][0]["user"] = {"tokenFile": "token"}
+    (root / "etc" / "dracpu" / "kubeconfig").write_text(yaml.safe_dump(document))
+    (root / "etc" / "dracpu" / "token").write_text("a-token")
+    assert not Path("/etc/dracpu/token").exists()
+    code, out, err = await _gatherinfo(tmp_path, "--node-name", "worker-3")
+    assert code == 0, err
+    report = yaml.safe_load(out)
+    assert report["driverConfigSource"] == f"PID {DRIVER_PID}"
+    assert report["apiObjectsSource"].startswith(f"API server {server.url}: 2 ResourceSlice(s)")
+    assert len(report["resourceSlices"]) == 2
+    # The temporary kubeconfig with the resolved paths is gone again.
+    assert not list((tmp_path / "tmp").glob("dracpu-gatherinfo-kubeconfig-*"))
+
+
+async def test_a_driver_kubeconfig_with_a_plugin_leaves_a_report_that_says_so(
+    tmp_path: Path,
+) -> None:
+    root = _driver_process(tmp_path, "--kubeconfig", "/etc/kc")
+    (root / "etc").mkdir()
+    document = kubeconfig_document("http://127.0.0.1:9")
+    document["users"][0]["user"] = {"exec": {"apiVersion": "v1", "command": "get-token"}}
+    (root / "etc" / "kc").write_text(yaml.safe_dump(document))
+    code, out, err = await _gatherinfo(tmp_path, "--node-name", "worker-3")
+    assert code == 0, err
+    assert yaml.safe_load(out)["apiObjectsSource"] == (
+        "not gathered: the running driver's kubeconfig /etc/kc gets user 'dracpu-sim''s "
+        "credentials from a plugin (exec), which would run here rather than in the driver's "
+        "filesystem; pass --kubeconfig"
+    )
+
+
+async def test_a_credential_plugin_that_hangs_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    pidfile = tmp_path / "plugin.pid"
+    document = kubeconfig_document("http://127.0.0.1:9")
+    document["users"][0]["user"] = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "sh",
+            "args": ["-c", f"echo $$ > {pidfile}; exec sleep 120"],
+        }
+    }
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text(yaml.safe_dump(document))
+    code, out, err = await _gatherinfo(
+        tmp_path, "--kubeconfig", str(kubeconfig), "--node-name", "n", "--api-timeout", "4"
+    )
+    assert code == 0, err
+    assert yaml.safe_load(out)["apiObjectsSource"] == (
+        "not gathered: the API step did not finish within 4 s (API server or credential "
+        "plugin not answering); stopped it"
+    )
+    # The plugin ran, and was killed with the step's process group.
+    pid = int(pidfile.read_text())
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z", "X")
+
+
+def test_the_time_limit_must_be_positive() -> None:
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(CLIError, match="--api-timeout must be a number of seconds > 0"):
+            cmd_gatherinfo(["--stdout", "--api-timeout", bad])
+    with pytest.raises(GatherinfoError, match="must be > 0 seconds"):
+        gather_api_objects_within(None, "n", "dra.cpu", deadline=0)

@@ -4,6 +4,7 @@ bundle of the running driver."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
     from dracpu.gatherinfo import ApiObjects
 
 __all__ = ["cmd_gatherinfo"]
+
+# The API step's default time limit: the two lists take 10 s each at most; a credential
+# plugin gets the rest.
+API_TIMEOUT = 30.0
 
 
 def cmd_gatherinfo(argv: Sequence[str]) -> int:
@@ -62,9 +67,19 @@ def cmd_gatherinfo(argv: Sequence[str]) -> int:
         action="store_true",
         help="do not ask the API server for other drivers' ResourceSlices",
     )
+    p.add_argument(
+        "--api-timeout",
+        type=float,
+        default=API_TIMEOUT,
+        metavar="SECONDS",
+        help="time limit of the whole API server step, credential plugins included; past "
+        f"it the report is written without the API objects (default {API_TIMEOUT:g})",
+    )
     args = p.parse_args(argv)
     if args.stdout and args.output_dir:
         raise CLIError("--stdout and --output-dir cannot be used together")
+    if not (args.api_timeout > 0 and math.isfinite(args.api_timeout)):
+        raise CLIError(f"--api-timeout must be a number of seconds > 0, got {args.api_timeout}")
     procfs = host_path("proc")
     try:
         config, source, resolve = _running_driver_config(procfs)
@@ -120,8 +135,13 @@ def _api_objects(
     stderr): the rest of the report is still worth having."""
     from dracpu import DRIVER_NAME
     from dracpu.config import ConfigError, resolve_node_name
-    from dracpu.gatherinfo import ApiObjects, GatherinfoError, gather_api_objects
-    from dracpu.k8s.client import K8sError, load_api_client
+    from dracpu.gatherinfo import (
+        ApiObjects,
+        GatherinfoError,
+        driver_kubeconfig,
+        gather_api_objects_within,
+        write_private_kubeconfig,
+    )
 
     def skipped(why: str, *, quietly: bool = False) -> ApiObjects:
         if not quietly:
@@ -129,8 +149,6 @@ def _api_objects(
         return ApiObjects(slices=[], classes=[], source=f"not gathered: {why}")
 
     kubeconfig = args.kubeconfig or config.kubeconfig
-    if kubeconfig and not args.kubeconfig and resolve is not None:
-        kubeconfig = resolve(kubeconfig)  # the driver's path, seen through its root
     if not kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         # Off the cluster with nothing to reach it by: expected, so only the report says it.
         return skipped(
@@ -142,17 +160,20 @@ def _api_objects(
         node_name = args.node_name or resolve_node_name(config)
     except ConfigError as err:
         return skipped(str(err))
+    private = None
     try:
-        # No retries: a node without a reachable API server should not hold the report up.
-        api_client = load_api_client(kubeconfig or None, retries=0)
-    except K8sError as err:
-        return skipped(str(err))
-    try:
-        found = gather_api_objects(api_client, node_name, DRIVER_NAME)
+        if kubeconfig and not args.kubeconfig and resolve is not None:
+            # The driver's kubeconfig and the files it names, seen through its root.
+            private = write_private_kubeconfig(driver_kubeconfig(kubeconfig, resolve))
+            kubeconfig = str(private)
+        found = gather_api_objects_within(
+            kubeconfig or None, node_name, DRIVER_NAME, deadline=args.api_timeout
+        )
     except GatherinfoError as err:
         return skipped(str(err))
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        if private is not None:
+            private.unlink(missing_ok=True)
     _say(f"saved from the {found.source}")
     return found
 
