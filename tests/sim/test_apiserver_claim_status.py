@@ -495,6 +495,55 @@ async def test_a_late_removal_leaves_the_recreated_claims_entries(
     assert writer.describe()["claims"] == {new_uid: "written"}
 
 
+async def test_the_granular_authorization_422_reaches_the_writer_as_an_rbac_refusal(
+    kube: tuple[SimAPIServer, KubeClient],
+) -> None:
+    # Kubernetes 1.36 with DRAResourceClaimGranularStatusAuthorization and a ClusterRole
+    # without associated-node:patch on resourceclaims/driver: the status strategy's
+    # validation refuses the apply (authz.go's field.Forbidden in a 422 Invalid).
+    server, client = kube
+    allocated_claim(server.store)
+    uid = server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
+    server.faults.inject(
+        "patch",
+        "resourceclaims/status",
+        status=422,
+        message='ResourceClaim.resource.k8s.io "c1" is invalid: status.devices: Forbidden: '
+        'changing status.devices requires resource="resourceclaims/driver", '
+        'verb="[associated-node:patch arbitrary-node:patch]" permission: '
+        'resourceclaims.resource.k8s.io "dra.cpu" is forbidden: User '
+        '"system:serviceaccount:dracpu:dracpu" cannot associated-node:patch resource '
+        '"resourceclaims/driver" in API group "resource.k8s.io" in the namespace "ns"',
+    )
+    counted: list[tuple[str, str]] = []
+    writer = ClaimStatusWriter(
+        client,
+        node_name="node-a",
+        topology=lambda: None,
+        count=lambda op, result: counted.append((op, result)),
+        now=lambda: NOW,
+        forbidden_retry=0.5,
+    )
+    change = ClaimPrepared(
+        uid=uid,
+        namespace="ns",
+        name="c1",
+        cpus="2-3",
+        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
+    )
+    async with trio.open_nursery() as nursery:
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        owner.send_nowait(change)
+        with trio.fail_after(10):
+            while len(counted) < 2:  # refused, then written at the slow retry
+                await trio.sleep(0.01)
+        claim = await read_claim(client)
+        nursery.cancel_scope.cancel()
+    assert counted == [("apply", "refused"), ("apply", "success")]
+    assert devices_of(claim) == [("dra.cpu", "cpudev000")]
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
 async def test_kubectl_shows_the_entries_the_writer_applied(
     kube: tuple[SimAPIServer, KubeClient], tmp_path: Path
