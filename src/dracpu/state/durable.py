@@ -11,6 +11,7 @@ disk, and the waiters of a write that was started are told how it went. So a can
 (a stop) does not cut it short, but waits for it ``nursery.threads.STOP_BOUND`` seconds
 at most (``run_to_completion``): a hung disk cannot keep the daemon from stopping within
 its grace period. A write left to its thread then lands whole or not at all (a rename),
+its waiters hear that whether it landed is unknown (so they undo nothing it may hold),
 and writes take one worker thread at a time (a limiter of one, held until the thread
 really ends), so no later checkpoint can be overtaken by an older one.
 """
