@@ -370,11 +370,11 @@ async def test_a_credential_plugin_that_hangs_is_stopped_at_the_time_limit(tmp_p
     kubeconfig = tmp_path / "kc"
     kubeconfig.write_text(yaml.safe_dump(document))
     code, out, err = await _gatherinfo(
-        tmp_path, "--kubeconfig", str(kubeconfig), "--node-name", "n", "--api-timeout", "4"
+        tmp_path, "--kubeconfig", str(kubeconfig), "--node-name", "n", "--api-timeout", "8"
     )
     assert code == 0, err
     assert yaml.safe_load(out)["apiObjectsSource"] == (
-        "not gathered: the API step did not finish within 4 s (API server or credential "
+        "not gathered: the API step did not finish within 8 s (API server or credential "
         "plugin not answering); stopped it"
     )
     # The plugin ran, and was killed with the step's process group.
