@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dracpu.allocation.store import ClaimRecord
 from dracpu.cpuset import CPUSet
 from dracpu.irq.masks import HexMask
 from dracpu.irq.record import RECORD_FILE, IrqRecord
@@ -45,12 +46,21 @@ def make_tree(root: Path) -> None:
         (irq / str(n) / "smp_affinity_list").write_text(f"{first}-{first + 95}\n")
 
 
+class _NoClaims:
+    """The owner's view with nothing prepared (the bench bans by hand)."""
+
+    online = CPUSet()
+
+    def claims(self) -> list[ClaimRecord]:
+        return []
+
+
 def one_round() -> tuple[float, float, float, int, list[int]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_tree(root)
         svc = IrqIsolation(
-            str(root / "proc"), str(root / "state"), boot_id="bench", claims=lambda: []
+            str(root / "proc"), str(root / "state"), boot_id="bench", view=_NoClaims()
         )
         svc.load()
         saves: list[int] = []

@@ -28,19 +28,15 @@ ORIGINAL = {24: "0-7", 25: "0-7", 40: "0-7"}
 
 
 class Claims:
-    def __init__(self, *records: ClaimRecord) -> None:
+    """The owner's view as the service reads it: the prepared claims and the online CPUs
+    (empty: not known, every CPU counts as online)."""
+
+    def __init__(self, *records: ClaimRecord, online: str = "") -> None:
         self.records = list(records)
+        self.online = C(online) if online else CPUSet()
 
-    def __call__(self) -> list[ClaimRecord]:
+    def claims(self) -> list[ClaimRecord]:
         return list(self.records)
-
-
-class Online:
-    def __init__(self, cpus: str) -> None:
-        self.cpus = C(cpus)
-
-    def __call__(self) -> CPUSet:
-        return self.cpus
 
 
 def isolating(uid: str, cpus: str) -> ClaimRecord:
@@ -58,7 +54,7 @@ def service(tmp_path: Path, claims: Claims | None = None, **kw: object) -> IrqIs
         str(tmp_path / "proc"),
         str(tmp_path / "state"),
         boot_id="boot-1",
-        claims=claims or Claims(),
+        view=claims or Claims(),
         **kw,  # type: ignore[arg-type]
     )
     svc.load()
@@ -209,7 +205,7 @@ def test_bad_records_are_named(record: dict[str, object], message: str) -> None:
 def test_a_mask_with_only_offline_cpus_left_is_not_written(tmp_path: Path, proc: Path) -> None:
     registry = CollectorRegistry()
     move(proc, 40, "4-7")
-    svc = service(tmp_path, online=Online("0-3,6-7"), metrics=IrqMetrics(registry))
+    svc = service(tmp_path, Claims(online="0-3,6-7"), metrics=IrqMetrics(registry))
     report = svc.apply(C("0-3,6-7"))  # 40 would keep only 4-5, both offline
     assert report.errors == {} and report.would_empty == [24, 25, 40]
     assert affinities(proc)[40] == "4-7"
@@ -221,13 +217,12 @@ async def test_hotplug_wakes_the_service_within_the_online_interval(
     tmp_path: Path, proc: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     move(proc, 40, "4-7")
-    online = Online("0-3,6-7")
+    view = Claims(isolating("a", "6-7"), online="0-3,6-7")
     svc = IrqIsolation(
         str(proc),
         str(tmp_path / "state"),
         boot_id="boot-1",
-        claims=Claims(isolating("a", "6-7")),
-        online=online,
+        view=view,
         online_interval=5,
         resync_interval=600,
     )
@@ -243,7 +238,7 @@ async def test_hotplug_wakes_the_service_within_the_online_interval(
     async with trio.open_nursery() as nursery:
         await nursery.start(svc.run, receive)
         assert affinities(proc)[40] == "4-7" and svc.passes == 1  # would-empty: left
-        online.cpus = C("0-7")  # 4-5 come online
+        view.online = C("0-7")  # 4-5 come online
         while svc.passes < 2:
             await trio.sleep(0.5)
         assert started[1] - started[0] <= 5  # the next online check, not the resync
@@ -267,7 +262,7 @@ def test_a_claim_restored_without_options_keeps_its_ban_until_unprepared(
     claims = Claims(restored, other)
     again = service(tmp_path, claims)
     with caplog.at_level(logging.WARNING, logger="dracpu.irq"):
-        again.inherit(claims())
+        again.inherit(claims.claims())
     assert again.inherited == {"u-1": C("2-3")}
     named = [getattr(r, "dracpu_kv", {}).get("claim") for r in caplog.records]
     assert named == ["default/db"]  # web (u-2) was never banned
@@ -284,7 +279,7 @@ def test_a_claim_restored_without_options_keeps_its_ban_until_unprepared(
 def test_nothing_is_inherited_without_a_ban_on_record(tmp_path: Path, proc: Path) -> None:
     claims = Claims(ClaimRecord(uid="u-1", cpus=C("2-3")))
     svc = service(tmp_path, claims)
-    svc.inherit(claims())
+    svc.inherit(claims.claims())
     assert svc.inherited == {} and svc.banned_now() == CPUSet()
 
 

@@ -31,18 +31,21 @@ def claim(uid: str, cpus: str, *, isolate: bool = True) -> ClaimRecord:
 
 
 class Claims:
-    """The prepared claims, as the owner's view would list them."""
+    """The owner's view as the service reads it: the prepared claims; the online CPUs
+    are not known (empty), so every CPU counts as online."""
+
+    online = CPUSet()
 
     def __init__(self) -> None:
         self.records: list[ClaimRecord] = []
 
-    def __call__(self) -> list[ClaimRecord]:
+    def claims(self) -> list[ClaimRecord]:
         return list(self.records)
 
 
 def service(tmp_path: Path, claims: Claims, **kw: object) -> IrqIsolation:
     svc = IrqIsolation(
-        str(tmp_path / "proc"), str(tmp_path / "state"), boot_id="boot-1", claims=claims, **kw
+        str(tmp_path / "proc"), str(tmp_path / "state"), boot_id="boot-1", view=claims, **kw
     )
     svc.load()
     return svc
@@ -127,7 +130,7 @@ def test_restart_with_the_claim_still_prepared_keeps_the_ban(tmp_path: Path, pro
 def test_a_record_of_another_boot_is_dropped(tmp_path: Path, proc: Path) -> None:
     svc = service(tmp_path, Claims())
     svc.apply(CPUSet.parse("2-3"))
-    rebooted = IrqIsolation(str(proc), str(tmp_path / "state"), boot_id="boot-2", claims=Claims())
+    rebooted = IrqIsolation(str(proc), str(tmp_path / "state"), boot_id="boot-2", view=Claims())
     rebooted.load()
     assert rebooted.record.empty
 
@@ -231,7 +234,7 @@ async def test_the_service_follows_claim_changes(tmp_path: Path, proc: Path) -> 
     claims = Claims()
     claims.records = [claim("a", "2-3")]
     svc = IrqIsolation(
-        str(proc), str(tmp_path / "state"), boot_id="boot-1", claims=claims, resync_interval=5
+        str(proc), str(tmp_path / "state"), boot_id="boot-1", view=claims, resync_interval=5
     )
     send, receive = trio.open_memory_channel[object](10)
     async with trio.open_nursery() as nursery:
@@ -259,7 +262,7 @@ async def test_the_service_resyncs_what_another_writer_moved_back(
     claims = Claims()
     claims.records = [claim("a", "2-3")]
     svc = IrqIsolation(
-        str(proc), str(tmp_path / "state"), boot_id="boot-1", claims=claims, resync_interval=60
+        str(proc), str(tmp_path / "state"), boot_id="boot-1", view=claims, resync_interval=60
     )
     _send, receive = trio.open_memory_channel[object](10)
     async with trio.open_nursery() as nursery:

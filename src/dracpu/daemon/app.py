@@ -245,9 +245,9 @@ class Daemon:
             self.proc_root,
             cfg.stateDir,
             boot_id=self.checkpoint.boot_id,
-            claims=view.claims,
-            # Masks must keep an online CPU; a hotplug change wakes a pass (irq/service.py).
-            online=lambda: view.online,
+            # The prepared claims, and the online CPUs every mask must keep one of (a
+            # hotplug change wakes a pass): read from the owner's view (irq/service.py).
+            view=view,
             isolate_all=cfg.isolateIRQs,
             metrics=IrqMetrics(self.registry),
         )

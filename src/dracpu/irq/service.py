@@ -41,9 +41,9 @@ their options keep the ban the record gives their CPUs until they are unprepared
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -104,6 +104,20 @@ class PassReport:
         }
 
 
+class ClaimsView(Protocol):
+    """What the service reads of the owner: ``state.view.NodeView`` satisfies it. A read
+    is an in-memory look at the owner's state, on the Trio thread."""
+
+    def claims(self) -> Iterable[ClaimRecord]:
+        """Every prepared claim."""
+        ...
+
+    @property
+    def online(self) -> CPUSet:
+        """The CPUs online now; empty when not known."""
+        ...
+
+
 class IrqIsolation:
     """Keeps ``/proc/irq`` masks off banned CPUs; the constructor does no I/O."""
 
@@ -113,8 +127,7 @@ class IrqIsolation:
         state_dir: str,
         *,
         boot_id: str,
-        claims: Callable[[], Iterable[ClaimRecord]],
-        online: Callable[[], CPUSet] | None = None,
+        view: ClaimsView,
         isolate_all: bool = False,
         metrics: IrqMetrics | None = None,
         resync_interval: float = 60.0,
@@ -124,8 +137,7 @@ class IrqIsolation:
         self.proc = ProcIrq(proc_root)
         self.record_file = RecordFile(state_dir)
         self.boot_id = boot_id
-        self.claims = claims
-        self.online = online
+        self.view = view
         self.online_interval = online_interval
         self.isolate_all = isolate_all
         self.metrics = metrics
@@ -159,10 +171,9 @@ class IrqIsolation:
             )
 
     def _online_now(self) -> CPUSet | None:
-        """The online CPUs, None when not known (every CPU then counts as online)."""
-        if self.online is None:
-            return None
-        return self.online() or None
+        """The online CPUs, None when not known (an empty set: every CPU then counts as
+        online)."""
+        return self.view.online or None
 
     def apply(self, banned: CPUSet) -> PassReport:
         """One pass (blocking). Raises IrqFileError or IrqRecordError when it wrote nothing."""
@@ -359,7 +370,7 @@ class IrqIsolation:
 
     def banned_now(self) -> CPUSet:
         """The CPUs banned now: the prepared claims' that ask, and those inherited."""
-        claims = list(self.claims())
+        claims = list(self.view.claims())
         if self.inherited:
             prepared = {c.uid for c in claims}
             self.inherited = {u: c for u, c in self.inherited.items() if u in prepared}
@@ -382,7 +393,7 @@ class IrqIsolation:
         ending stops the service."""
         # A read (a corrupt record is moved aside, whole): abandoned if a stop comes.
         await trio.to_thread.run_sync(self.load, abandon_on_cancel=True, limiter=self._one_pass)
-        self.inherit(self.claims())
+        self.inherit(self.view.claims())
         # The first pass before ``started``: a restart has put the masks right (given back
         # what no prepared claim bans any more) before the kubelet can call.
         banned = self.banned_now()
@@ -398,7 +409,7 @@ class IrqIsolation:
                 due = math.inf
             changed = False
             while not changed:
-                poll = self.online_interval if busy and self.online is not None else math.inf
+                poll = self.online_interval if busy else math.inf
                 with trio.move_on_at(min(due, trio.current_time() + poll)):
                     try:
                         await changes.receive()
