@@ -56,7 +56,7 @@ IMPLIED: dict[Grant, tuple[Grant, ...]] = {
 # bundle and says why (tests/demo/test_gatherinfo_replay.py, the 403 case). The driver's
 # role leaves them out: saving a bundle's DeviceClasses is no reason to widen it.
 BEST_EFFORT: dict[Grant, str] = {
-    ("resource.k8s.io", "deviceclasses", "list"): "gatherinfo.py",
+    ("resource.k8s.io", "deviceclasses", "list"): "gatherinfo/api.py",
 }
 
 # Names a raw path may interpolate (f"/apis/{RESOURCE_API_VERSION}/..."): the scan resolves
