@@ -47,7 +47,9 @@ if __name__ == "grpc":
     sys.modules["grpc"] = importlib.import_module("grpc")
 
 import contextlib  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -72,6 +74,10 @@ NODE = "node-a"
 SPEC_TMPFS = "/dev/shm"
 CONCURRENCY = 64  # claims prepared and unprepared at once (a node drain)
 CONC_ROUNDS = 5
+# `python bench/grpc.py --real` runs only the echo floor and the real path. With this set
+# (e.g. "py-spy record -f raw -o real.txt"), that command is started with `--pid` of the
+# real path's server once it listens and stopped with SIGINT after the pairs.
+PROFILE_ENV = "DRACPU_BENCH_PROFILE"
 
 
 def _claims() -> list[Any]:
@@ -475,6 +481,7 @@ def _run_concurrent(kind: str) -> tuple[float, float, float]:
     claims = _claims()[:CONCURRENCY]
     api = None
     proc = None
+    profiler = None
     try:
         if kind == "real":
             api = subprocess.Popen(
@@ -488,6 +495,10 @@ def _run_concurrent(kind: str) -> tuple[float, float, float]:
         proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, path, cdi_dir])
         while not os.path.exists(path):
             time.sleep(0.01)
+        if kind == "real" and os.environ.get(PROFILE_ENV):
+            profiler = subprocess.Popen(
+                [*shlex.split(os.environ[PROFILE_ENV]), "--pid", str(proc.pid)]
+            )
         channel = grpc.insecure_channel("unix:" + path)
         grpc.channel_ready_future(channel).result(timeout=10)
         unprepares: list[float] = []
@@ -505,6 +516,9 @@ def _run_concurrent(kind: str) -> tuple[float, float, float]:
         elapsed = time.perf_counter() - t0
         cpu = _cpu_seconds(proc.pid) - cpu0
         channel.close()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            profiler.wait()
         if errors:
             raise SystemExit(f"{kind}: prepare failed: {errors[0]}")
         return _quantile(unprepares, 0.50) * 1e3, len(done) / elapsed, cpu / len(done) * 1e3
@@ -533,6 +547,26 @@ def _alternated(kinds: tuple[str, ...], rounds: int, run: Callable[[str], R]) ->
         for kind in kinds if i % 2 == 0 else kinds[::-1]:
             results[kind].append(run(kind))
     return results
+
+
+def main_real() -> None:
+    """Only the echo floor and the real path, alternated: the lines for work on the real
+    path's CPU, in a fraction of the whole run's time."""
+    drains = _alternated(("echo", "real"), DRAIN_RUNS, _run_concurrent)
+    echo_rps = statistics.median(r for _, r, _ in drains["echo"])
+    print(f"echo_pairs_rps_conc64: {echo_rps:.0f} pairs/s")
+    _print_real(drains)
+
+
+def _print_real(drains: dict[str, list[tuple[float, float, float]]]) -> None:
+    real_rps = statistics.median(r for _, r, _ in drains["real"])
+    real_cpu = statistics.median(c for _, _, c in drains["real"])
+    real_ratio = statistics.median(
+        r[1] / e[1] for r, e in zip(drains["real"], drains["echo"], strict=True)
+    )
+    print(f"real_pairs_rps_conc64: {real_rps:.0f} pairs/s")
+    print(f"real_cpu_ms_per_pair: {real_cpu:.2f} ms")
+    print(f"real_vs_echo_pairs: {real_ratio:.2f} x")
 
 
 def main() -> None:
@@ -570,14 +604,7 @@ def main() -> None:
         t[1] / g[1] for t, g in zip(drains["durable"], drains["grpclib-durable"], strict=True)
     )
     print(f"pairs_rps_conc64_vs_grpclib: {drain_ratio:.2f} x")
-    real_rps = statistics.median(r for _, r, _ in drains["real"])
-    real_cpu = statistics.median(c for _, _, c in drains["real"])
-    real_ratio = statistics.median(
-        r[1] / e[1] for r, e in zip(drains["real"], drains["echo"], strict=True)
-    )
-    print(f"real_pairs_rps_conc64: {real_rps:.0f} pairs/s")
-    print(f"real_cpu_ms_per_pair: {real_cpu:.2f} ms")
-    print(f"real_vs_echo_pairs: {real_ratio:.2f} x")
+    _print_real(drains)
 
 
 if __name__ == "__main__":
@@ -585,5 +612,9 @@ if __name__ == "__main__":
         _serve(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 4 and sys.argv[1] == "--serve-api":
         _serve_api(sys.argv[2], int(sys.argv[3]))
-    else:
+    elif sys.argv[1:] == ["--real"]:
+        main_real()
+    elif len(sys.argv) == 1:
         main()
+    else:
+        raise SystemExit(f"usage: {sys.argv[0]} [--real]")

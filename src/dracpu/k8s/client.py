@@ -7,12 +7,12 @@ urllib3 exception types stop at this boundary.
 The generated API classes (``CoreV1Api``, ``ResourceV1Api``) are built on first use: with
 the pydantic-based client, importing ``CoreV1Api`` builds some 300 model classes (about
 0.4 s and 20 MB) that a caller reading one object as raw JSON never needs; ``get_raw``
-does such a read through the same ``ApiClient`` (configuration, auth, TLS, retries).
+does such a read with the same configuration (auth, TLS, retries), on the event loop
+(``k8s.loopget``) where it can, else through the ``ApiClient`` in a worker thread.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from functools import partial
@@ -26,6 +26,21 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.util.retry import Retry
+
+from dracpu.k8s.errors import (
+    ConfigError,
+    Conflict,
+    ConnectionFailed,
+    Gone,
+    Invalid,
+    K8sError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    error_for_status,
+    status_fields,
+)
+from dracpu.k8s.loopget import LoopGetter
 
 __all__ = [
     "Conflict",
@@ -47,80 +62,6 @@ T = TypeVar("T")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-class K8sError(Exception):
-    """A failed API call. ``str()`` is the server's Status message when it sent one.
-
-    ``retry_after`` is the server's ``Retry-After`` in seconds when it sent one with a 429
-    or a 5xx answer (the codes client-go's ``checkWait`` honours it for), else None."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        reason: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class NotFound(K8sError):
-    pass
-
-
-class Conflict(K8sError):
-    """409: a stale resourceVersion (reason Conflict) or an existing name (AlreadyExists)."""
-
-
-class Gone(K8sError):
-    """410: the requested resourceVersion is older than the server keeps."""
-
-
-class Invalid(K8sError):
-    """422: the object failed validation."""
-
-
-class TooManyRequests(K8sError):
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = 429,
-        reason: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status=status, reason=reason, retry_after=retry_after)
-
-
-class ServerError(K8sError):
-    """5xx."""
-
-
-class ConnectionFailed(K8sError):
-    """No HTTP answer at all: refused, reset, timed out, dropped."""
-
-
-class ConfigError(K8sError):
-    """The kubeconfig or in-cluster environment cannot be used."""
-
-
-def _status_fields(body: str | bytes | None) -> tuple[str, str]:
-    """(message, reason) of a Status body, or ("", "") when it is not one."""
-    if not body:
-        return "", ""
-    try:
-        data = json.loads(body)
-    except (ValueError, TypeError):
-        return "", ""
-    if not isinstance(data, dict) or data.get("kind") != "Status":
-        return "", ""
-    return str(data.get("message", "")), str(data.get("reason", ""))
-
-
 def _retry_after(exc: ApiException) -> float | None:
     """The ``Retry-After`` header in seconds; None when absent, not a number of seconds
     (an HTTP date is not honoured, as in client-go) or negative."""
@@ -139,26 +80,12 @@ def translate_error(exc: BaseException) -> K8sError:
         return exc
     if isinstance(exc, ApiException):
         code = int(exc.status or 0)
-        message, reason = _status_fields(exc.body)
+        message, reason = status_fields(exc.body)
         if not message:
             message = f"({code}) {exc.reason or 'error'}"
-        if code == 404:
-            return NotFound(message, status=code, reason=reason)
-        if code == 409:
-            return Conflict(message, status=code, reason=reason)
-        if code == 410:
-            return Gone(message, status=code, reason=reason)
-        if code == 422:
-            return Invalid(message, status=code, reason=reason)
-        if code == 429:
-            return TooManyRequests(
-                message, status=code, reason=reason, retry_after=_retry_after(exc)
-            )
         if code == 0:
             return ConnectionFailed(message, status=None, reason=reason)
-        if code >= 500:
-            return ServerError(message, status=code, reason=reason, retry_after=_retry_after(exc))
-        return K8sError(message, status=code, reason=reason)
+        return error_for_status(code, message, reason, _retry_after(exc))
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return ConnectionFailed(f"connection to the API server failed: {exc}")
     if isinstance(exc, ConfigException):
@@ -220,10 +147,16 @@ class KubeClient:
         *,
         max_concurrent_calls: int = 4,
         request_timeout: float = 30.0,
+        loop_get: bool = True,
     ) -> None:
         self.api_client = api_client
         self.limiter = trio.CapacityLimiter(max_concurrent_calls)
         self.request_timeout = request_timeout
+        # get_raw on the event loop when the configuration allows (k8s/loopget.py).
+        configuration = api_client.configuration
+        self.loop_getter: LoopGetter | None = None
+        if loop_get and not LoopGetter.unsupported(configuration):
+            self.loop_getter = LoopGetter(configuration, user_agent=api_client.user_agent)
         self._core: k8s_client.CoreV1Api | None = None
         self._resource: k8s_client.ResourceV1Api | None = None
 
@@ -281,12 +214,23 @@ class KubeClient:
             raise translate_error(exc) from exc
 
     async def get_raw(self, resource_path: str, **path_params: str) -> bytes:
-        """GET one object as raw JSON through the ``ApiClient``, without the generated
-        API classes: ``get_raw("/api/v1/nodes/{name}", name=node)``. Path parameters are
-        percent-encoded; a non-2xx answer raises the matching ``K8sError``."""
+        """GET one object as raw JSON, without the generated API classes:
+        ``get_raw("/api/v1/nodes/{name}", name=node)``. Path parameters are
+        percent-encoded; a non-2xx answer raises the matching ``K8sError``.
+
+        On the event loop (``LoopGetter``, same configuration, auth, TLS, retries and
+        errors) unless the configuration needs the client's own transport (a proxy),
+        else through the ``ApiClient`` in a worker thread. Either way at most
+        ``max_concurrent_calls`` at once, under the same limiter as every other call."""
+        path = resource_path.format(**{k: quote(v, safe="") for k, v in path_params.items()})
+        if self.loop_getter is not None:
+            async with self.limiter:
+                return await self.loop_getter.get(path, timeout=self.request_timeout)
+        return await self._get_raw_in_thread(path)
+
+    async def _get_raw_in_thread(self, path: str) -> bytes:
         api = self.api_client
         timeout = self.request_timeout
-        path = resource_path.format(**{k: quote(v, safe="") for k, v in path_params.items()})
 
         def run() -> bytes:
             method, url, headers, body, post_params = api.param_serialize(
@@ -309,4 +253,6 @@ class KubeClient:
             raise translate_error(exc) from exc
 
     def close(self) -> None:
+        if self.loop_getter is not None:
+            self.loop_getter.close()
         self.api_client.close()  # type: ignore[no-untyped-call]
