@@ -446,3 +446,23 @@ async def test_the_kubeconfig_client_reads_the_sim_api_server_on_the_loop(
         kube.close()
     assert kube.loop_getter.connections_opened == 1
     assert sim.calls.get("get", "nodes") == 4
+
+
+async def test_reads_at_once_share_as_many_connections_as_the_limiter_allows(
+    plain: FakeServer,
+) -> None:
+    # docs/scale.md: 64 claims read 10 times each open 4 connections (max_concurrent_calls).
+    kube = kube_for(f"http://127.0.0.1:{plain.port}")
+
+    async def reader() -> None:
+        for _ in range(10):
+            assert await kube.get_raw("/api/v1/nodes/{name}", name="node-a") == NODE
+
+    try:
+        async with trio.open_nursery() as readers:
+            for _ in range(64):
+                readers.start_soon(reader)
+    finally:
+        kube.close()
+    assert len(plain.requests) == 640
+    assert plain.connections == 4
