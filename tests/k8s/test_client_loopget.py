@@ -61,7 +61,7 @@ class FakeServer:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
                     data = await stream.receive_some(65536)
-                    conn.receive_data(data)
+                    conn.receive_data(bytes(data))
                     if not data:
                         return
                     continue

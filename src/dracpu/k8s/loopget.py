@@ -30,6 +30,7 @@ import contextlib
 import math
 import ssl
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -185,7 +186,7 @@ class LoopGetter:
         return self._token[1]
 
     @staticmethod
-    def _bearer(settings: dict[str, Any]) -> str | None:
+    def _bearer(settings: Mapping[str, Any]) -> str | None:
         bearer = settings.get("BearerToken")
         return str(bearer["value"]) if bearer and bearer.get("value") else None
 
@@ -269,7 +270,7 @@ class LoopGetter:
                         raise _Dropped("the kept-alive connection was closed") from None
                     raise
                 eof = not data
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
                 continue
             if isinstance(event, h11.ConnectionClosed):
                 raise OSError("the API server closed the connection mid-answer")
