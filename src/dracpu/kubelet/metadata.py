@@ -260,7 +260,9 @@ def _written_for_another(claim_dir: str, request: str, uid: str) -> bool:
     """Whether the request's metadata document names a claim UID other than ``uid``."""
     try:
         with open(os.path.join(claim_dir, request, "metadata.json"), "rb") as f:
-            document = json.loads(f.read(1 << 20))
+            # At most 1 MiB, but no 1 MiB buffer for a document of a few hundred bytes
+            # (read(n) allocates n first: an mmap and munmap per unprepare, ~18 us).
+            document = json.loads(f.read(min(os.fstat(f.fileno()).st_size, 1 << 20)))
         written_for = document["metadata"]["uid"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
