@@ -63,8 +63,8 @@ async def test_a_claim_named_three_times_is_read_once_and_prepared(
     assert set(results) == {web.uid, db.uid}
     assert all(not r.error and len(r.devices) == 1 for r in results.values())
     # One claim, prepared once: its CPUs are held once.
-    assert len(node.store.get(web.uid).cpus) == 2  # type: ignore[union-attr]
-    assert node.store.get(db.uid) is not None
+    assert len(node.view.claim(web.uid).cpus) == 2  # type: ignore[union-attr]
+    assert node.view.claim(db.uid) is not None
 
 
 async def test_a_missing_claim_named_many_times_is_one_lookup(
