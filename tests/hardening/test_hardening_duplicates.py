@@ -75,4 +75,4 @@ async def test_a_missing_claim_named_many_times_is_one_lookup(
     with pytest.raises(ClaimNotFound, match='"ghost" not found'):
         await node.service.prepare([ghost] * 1000)
     assert server.calls.get("get", "resourceclaims") == 1
-    assert node.store.get(ghost.uid) is None
+    assert node.view.claim(ghost.uid) is None
