@@ -117,6 +117,8 @@ def _encode(doc: _Payload) -> bytes:
                 if options.get(name, default) == default:
                     options.pop(name, None)
     return _ENCODER.encode(data)
+
+
 _HEAD_DECODER = msgspec.json.Decoder(_Head)
 _DECODER = msgspec.json.Decoder(Checkpoint, dec_hook=_dec_hook)
 
