@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -261,16 +262,23 @@ async def settle(w: ClaimStatusWriter, seconds: float = 0.0) -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
+@asynccontextmanager
+async def running(w: ClaimStatusWriter, owner: Owner) -> AsyncIterator[None]:
+    """The writer serving the owner's events for the length of the block, cancelled after."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.run, owner.inbox)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_prepare_is_applied_with_our_field_manager(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     kube = ScriptedKube()
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
-        nursery.cancel_scope.cancel()
     ((method, args, kwargs),) = kube.calls
     assert method == "patch_namespaced_resource_claim_status"
     assert args[:2] == ("pinned", "default")
@@ -285,13 +293,11 @@ async def test_the_same_status_again_is_not_written_twice(
 ) -> None:
     kube = ScriptedKube()
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
         owner(prepared())  # the kubelet prepares again (a retry, a restart)
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "success") == 1
 
@@ -299,13 +305,11 @@ async def test_the_same_status_again_is_not_written_twice(
 async def test_an_unprepare_removes_our_entries(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube()
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
         owner(unprepared())
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
     assert count(metrics, "remove", "success") == 1
     assert w.describe()["claims"] == {}
@@ -319,10 +323,8 @@ async def test_a_status_never_written_is_not_taken_back(
     # Both arrive before the writer runs: the last word is that there is nothing to write.
     owner(prepared())
     owner(unprepared())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert kube.calls == []
 
 
@@ -331,8 +333,7 @@ async def test_a_failed_write_is_counted_and_retried_with_backoff(
 ) -> None:
     kube = ScriptedKube(ServerError("etcd is slow", status=500), echo())
     w, metrics, owner = writer(kube, backoff_base=2.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         start = trio.current_time()
         owner(prepared())
         await settle(w)
@@ -341,7 +342,6 @@ async def test_a_failed_write_is_counted_and_retried_with_backoff(
         await settle(w, 0.9)  # rand 0 puts the first retry at half the 2 s base
         assert len(kube.calls) == 1
         await settle(w, 0.2)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 2
     assert trio.current_time() - start >= 1.0
     assert count(metrics, "apply", "error") == 1
@@ -351,13 +351,11 @@ async def test_a_failed_write_is_counted_and_retried_with_backoff(
 async def test_retry_after_is_honoured(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube(ServerError("busy", status=503, retry_after=20.0), echo())
     w, _, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 19.0)
         assert len(kube.calls) == 1
         await settle(w, 2.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 2
 
 
@@ -366,11 +364,9 @@ async def test_an_invalid_status_is_refused_once_and_not_retried(
 ) -> None:
     kube = ScriptedKube(Invalid("must be an allocated device in the claim", status=422))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "refused") == 1
     assert w.describe()["claims"] == {}
@@ -379,11 +375,9 @@ async def test_an_invalid_status_is_refused_once_and_not_retried(
 async def test_a_deleted_claim_is_gone(autojump_clock: trio.testing.MockClock) -> None:
     kube = ScriptedKube(NotFound('resourceclaims.resource.k8s.io "pinned" not found', status=404))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "gone") == 1
 
@@ -394,13 +388,11 @@ async def test_forbidden_is_said_once_and_retried_rarely(
     forbidden = K8sError("forbidden", status=403)
     kube = ScriptedKube(forbidden, forbidden, echo())
     w, metrics, owner = writer(kube, forbidden_retry=300.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 299.0)
         assert len(kube.calls) == 1
         await settle(w, 302.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 3
     assert count(metrics, "apply", "refused") == 2
     assert count(metrics, "apply", "success") == 1
@@ -430,14 +422,12 @@ async def test_the_granular_authorization_refusal_is_taken_as_forbidden(
 ) -> None:
     kube = ScriptedKube(GRANULAR_DENIED, GRANULAR_DENIED, echo())
     w, metrics, owner = writer(kube, forbidden_retry=300.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 299.0)
         assert len(kube.calls) == 1
         assert "resourceclaims/driver" in w.describe()["claims"][UID]
         await settle(w, 302.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 3
     assert count(metrics, "apply", "refused") == 2
     assert count(metrics, "apply", "success") == 1
@@ -482,14 +472,12 @@ async def test_an_unprepare_after_a_restart_is_sent_while_the_apply_backs_off(
     # previous process's entries must still be taken away.
     kube = ScriptedKube(ServerError("etcd is slow", status=500), echo(), reads=(b"{}",))
     w, metrics, owner = writer(kube, backoff_base=30.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w)
         assert len(kube.calls) == 1
         owner(unprepared())
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
     assert count(metrics, "remove", "success") == 1
 
@@ -501,10 +489,8 @@ async def test_an_unprepare_after_a_restart_is_sent_even_before_any_write(
     w, metrics, owner = writer(kube)
     owner(prepared(repeated=True))
     owner(unprepared())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls] == [removal_body("default", "pinned", UID)]
     assert count(metrics, "remove", "success") == 1
 
@@ -515,13 +501,11 @@ async def test_an_unprepare_after_a_failed_first_write_is_sent(
     # A 500 may still have been applied: a write went out, so the removal goes too.
     kube = ScriptedKube(ServerError("timeout", status=504))
     w, _, owner = writer(kube, backoff_base=30.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
         owner(unprepared())
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert [c[1][2] for c in kube.calls][1] == removal_body("default", "pinned", UID)
 
 
@@ -533,11 +517,9 @@ async def test_a_restart_keeps_the_ready_time_the_claim_holds(
     before = prepared("1,5")
     kube = ScriptedKube(reads=(stored_claim(before, EARLIER),))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert kube.gets == [
         (
             "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
@@ -554,13 +536,11 @@ async def test_a_restart_writes_nothing_when_the_claim_holds_our_entries(
 ) -> None:
     kube = ScriptedKube(reads=(stored_claim(prepared(), EARLIER),))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w)
         owner(prepared(repeated=True))  # asked again: still nothing to write, no new read
         await settle(w)
-        nursery.cancel_scope.cancel()
     assert len(kube.gets) == 1
     assert kube.calls == []
     assert count(metrics, "apply", "success") == 0
@@ -572,11 +552,9 @@ async def test_a_restart_read_that_fails_starts_the_ready_time_now(
 ) -> None:
     kube = ScriptedKube(reads=(ServerError("etcd is slow", status=500),))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w)
-        nursery.cancel_scope.cancel()
     ((_, args, _),) = kube.calls
     assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=SINCE)
     assert count(metrics, "apply", "success") == 1
@@ -592,11 +570,9 @@ async def test_a_restart_read_of_a_claim_gone_writes_nothing(
 ) -> None:
     kube = ScriptedKube(reads=(read,))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert kube.calls == []
     assert count(metrics, "apply", "gone") == 1
 
@@ -637,15 +613,13 @@ async def test_a_server_that_drops_the_field_stops_the_writer(
     dropped = json.dumps({"metadata": {"uid": UID}, "status": {}}).encode()
     kube = ScriptedKube(dropped)
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
         # The writer closed its inbox: the owner drops it and builds no more events for it.
         with pytest.raises(trio.BrokenResourceError):
             owner(prepared("1,5", uid="another"))
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "refused") == 1
     assert "DRAResourceClaimDeviceStatus" in w.describe()["disabled"]
@@ -666,11 +640,9 @@ async def test_a_replaced_claim_is_gone_for_an_apply(
 ) -> None:
     kube = ScriptedKube(REPLACED)
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "gone") == 1
     assert count(metrics, "apply", "refused") == 0
@@ -685,13 +657,11 @@ async def test_a_removal_retried_after_the_claim_was_recreated_leaves_the_new_on
     # old UID, so the server refuses it (422) and it is dropped as gone.
     kube = ScriptedKube(echo(), ServerError("etcd is slow", status=500), REPLACED)
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w)
         owner(unprepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     bodies = [c[1][2] for c in kube.calls]
     assert bodies[1:] == [removal_body("default", "pinned", UID)] * 2
     assert count(metrics, "remove", "error") == 1
@@ -705,11 +675,9 @@ async def test_an_answer_for_another_claim_is_taken_as_gone(
     # A server that ignored the body's UID: nothing of ours is left to write to.
     kube = ScriptedKube(json.dumps({"metadata": {"uid": "someone-else"}}).encode())
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert len(kube.calls) == 1
     assert count(metrics, "apply", "gone") == 1
 
@@ -718,14 +686,12 @@ async def test_a_writer_turned_off_writes_nothing(autojump_clock: trio.testing.M
     kube = ScriptedKube()
     w, _, owner = writer(kube, enabled=False)
     owner(prepared())  # queued before the service starts: dropped with the inbox
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         await settle(w)
         # Its inbox is closed at once, so the owner never builds an event for it.
         with pytest.raises(trio.BrokenResourceError):
             owner(prepared())
         await settle(w, 600.0)
-        nursery.cancel_scope.cancel()
     assert kube.calls == []
     assert w.describe()["disabled"] == "turned off"
 
@@ -755,11 +721,9 @@ async def test_a_repeated_prepare_after_a_restart_writes_the_status(
     # claim (no status yet) and writes.
     kube = ScriptedKube(reads=(json.dumps({"metadata": {"uid": UID}}).encode(),))
     w, metrics, owner = writer(kube)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(w.run, owner.inbox)
+    async with running(w, owner):
         owner(prepared(repeated=True))
         await settle(w)
-        nursery.cancel_scope.cancel()
     ((_, args, _),) = kube.calls
     assert args[2] == apply_body(prepared(), topology=TOPO, node_name="node-1", since=SINCE)
     assert count(metrics, "apply", "success") == 1
