@@ -295,6 +295,40 @@ async def read_claim(client: KubeClient) -> dict[str, Any]:
     return claim
 
 
+def claim_prepared(uid: str, cpus: str, device: str = "cpudev000") -> ClaimPrepared:
+    """ns/c1 prepared on node-a with one of dracpu's devices."""
+    return ClaimPrepared(
+        uid=uid,
+        namespace="ns",
+        name="c1",
+        cpus=cpus,
+        devices=(ClaimDevice(pool="node-a", device=device),),
+    )
+
+
+def counting_writer(
+    client: KubeClient, **kw: Any
+) -> tuple[ClaimStatusWriter, list[tuple[str, str]]]:
+    """A writer for node-a that lists each (operation, result) it counts."""
+    counted: list[tuple[str, str]] = []
+    writer = ClaimStatusWriter(
+        client,
+        node_name="node-a",
+        topology=lambda: None,
+        count=lambda op, result: counted.append((op, result)),
+        now=lambda: NOW,
+        **kw,
+    )
+    return writer, counted
+
+
+async def counted_to(counted: list[tuple[str, str]], n: int) -> None:
+    """Wait (10 s at most) until the writer has counted n writes."""
+    with trio.fail_after(10):
+        while len(counted) < n:
+            await trio.sleep(0.01)
+
+
 async def test_the_writer_applies_and_removes_dracpus_entries(
     kube: tuple[SimAPIServer, KubeClient],
 ) -> None:
@@ -304,29 +338,14 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
     uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
     gpu = {"driver": "gpu.example.com", "pool": "node-a-gpus", "device": "gpu-0"}
     apply_status(store, "gpu-driver", gpu)
-    counted: list[tuple[str, str]] = []
-    writer = ClaimStatusWriter(
-        client,
-        node_name="node-a",
-        topology=lambda: None,
-        count=lambda op, result: counted.append((op, result)),
-        now=lambda: NOW,
-    )
-    change = ClaimPrepared(
-        uid=uid,
-        namespace="ns",
-        name="c1",
-        cpus="2-3",
-        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
-    )
+    writer, counted = counting_writer(client)
+    change = claim_prepared(uid, "2-3")
     async with trio.open_nursery() as nursery:
         # The owner's end of the writer's inbox (NodeState.claim_events in the daemon).
         owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
         await nursery.start(writer.run, events)
         owner.send_nowait(change)
-        with trio.fail_after(10):
-            while not counted:
-                await trio.sleep(0.01)
+        await counted_to(counted, 1)
         claim = await read_claim(client)
         expected = apply_body(change, topology=None, node_name="node-a", since=NOW)
         assert claim["status"]["devices"] == [gpu, *expected["status"]["devices"]]
@@ -337,9 +356,7 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
         )
         assert msgspec.json.decode(raw) == claim
         owner.send_nowait(ClaimUnprepared(uid=uid, namespace="ns", name="c1", cpus="2-3"))
-        with trio.fail_after(10):
-            while len(counted) < 2:
-                await trio.sleep(0.01)
+        await counted_to(counted, 2)
         claim = await read_claim(client)
         nursery.cancel_scope.cancel()
     assert counted == [("apply", "success"), ("remove", "success")]
@@ -352,13 +369,7 @@ async def test_the_client_sees_the_refusal_as_invalid(
     server, client = kube
     allocated_claim(server.store)
     uid = server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
-    change = ClaimPrepared(
-        uid=uid,
-        namespace="ns",
-        name="c1",
-        cpus="0",
-        devices=(ClaimDevice(pool="node-a", device="cpudev042"),),
-    )
+    change = claim_prepared(uid, "0", "cpudev042")
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
     with pytest.raises(Invalid) as info:
         await client.call_raw(
@@ -452,42 +463,20 @@ async def test_a_late_removal_leaves_the_recreated_claims_entries(
     store = server.store
     allocated_claim(store)
     old_uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
-    counted: list[tuple[str, str]] = []
-    writer = ClaimStatusWriter(
-        client,
-        node_name="node-a",
-        topology=lambda: None,
-        count=lambda op, result: counted.append((op, result)),
-        now=lambda: NOW,
-    )
-
-    def prepared(uid: str) -> ClaimPrepared:
-        return ClaimPrepared(
-            uid=uid,
-            namespace="ns",
-            name="c1",
-            cpus="2-3",
-            devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
-        )
-
-    async def counted_to(n: int) -> None:
-        with trio.fail_after(10):
-            while len(counted) < n:
-                await trio.sleep(0.01)
-
+    writer, counted = counting_writer(client)
     async with trio.open_nursery() as nursery:
         owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
         await nursery.start(writer.run, events)
-        owner.send_nowait(prepared(old_uid))
-        await counted_to(1)
+        owner.send_nowait(claim_prepared(old_uid, "2-3"))
+        await counted_to(counted, 1)
         store.delete(RESOURCE_CLAIMS, "ns", "c1")
         allocated_claim(store)
         new_uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
         assert new_uid != old_uid
-        owner.send_nowait(prepared(new_uid))
-        await counted_to(2)
+        owner.send_nowait(claim_prepared(new_uid, "2-3"))
+        await counted_to(counted, 2)
         owner.send_nowait(ClaimUnprepared(uid=old_uid, namespace="ns", name="c1", cpus="2-3"))
-        await counted_to(3)
+        await counted_to(counted, 3)
         claim = await read_claim(client)
         nursery.cancel_scope.cancel()
     assert counted == [("apply", "success"), ("apply", "success"), ("remove", "gone")]
@@ -515,29 +504,13 @@ async def test_the_granular_authorization_422_reaches_the_writer_as_an_rbac_refu
         '"system:serviceaccount:dracpu:dracpu" cannot associated-node:patch resource '
         '"resourceclaims/driver" in API group "resource.k8s.io" in the namespace "ns"',
     )
-    counted: list[tuple[str, str]] = []
-    writer = ClaimStatusWriter(
-        client,
-        node_name="node-a",
-        topology=lambda: None,
-        count=lambda op, result: counted.append((op, result)),
-        now=lambda: NOW,
-        forbidden_retry=0.5,
-    )
-    change = ClaimPrepared(
-        uid=uid,
-        namespace="ns",
-        name="c1",
-        cpus="2-3",
-        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
-    )
+    writer, counted = counting_writer(client, forbidden_retry=0.5)
+    change = claim_prepared(uid, "2-3")
     async with trio.open_nursery() as nursery:
         owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
         await nursery.start(writer.run, events)
         owner.send_nowait(change)
-        with trio.fail_after(10):
-            while len(counted) < 2:  # refused, then written at the slow retry
-                await trio.sleep(0.01)
+        await counted_to(counted, 2)  # refused, then written at the slow retry
         claim = await read_claim(client)
         nursery.cancel_scope.cancel()
     assert counted == [("apply", "refused"), ("apply", "success")]
@@ -550,13 +523,7 @@ async def test_kubectl_shows_the_entries_the_writer_applied(
 ) -> None:
     server, client = kube
     allocated_claim(server.store)
-    change = ClaimPrepared(
-        uid=server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"],
-        namespace="ns",
-        name="c1",
-        cpus="0-1",
-        devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
-    )
+    change = claim_prepared(server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"], "0-1")
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
     await client.call_raw(
         client.resource.patch_namespaced_resource_claim_status,
@@ -596,33 +563,16 @@ def test_with_the_gate_off_the_field_is_dropped_silently() -> None:
 
 async def test_the_writer_stops_when_the_server_drops_the_field(tmp_path: Path) -> None:
     server = SimAPIServer(seed=3, device_status=False)
-    counted: list[tuple[str, str]] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         client = KubeClient(load_api_client(str(server.write_kubeconfig(tmp_path / "kc"))))
         allocated_claim(server.store)
         uid = server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
-        writer = ClaimStatusWriter(
-            client,
-            node_name="node-a",
-            topology=lambda: None,
-            count=lambda op, result: counted.append((op, result)),
-            now=lambda: NOW,
-        )
+        writer, counted = counting_writer(client)
         owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
         await nursery.start(writer.run, events)
-        owner.send_nowait(
-            ClaimPrepared(
-                uid=uid,
-                namespace="ns",
-                name="c1",
-                cpus="0",
-                devices=(ClaimDevice(pool="node-a", device="cpudev000"),),
-            )
-        )
-        with trio.fail_after(10):
-            while not counted:
-                await trio.sleep(0.01)
+        owner.send_nowait(claim_prepared(uid, "0"))
+        await counted_to(counted, 1)
         # Nothing more is written: not this claim's removal, not another claim (the
         # writer closed its inbox, so the owner drops it).
         with pytest.raises(trio.BrokenResourceError):
