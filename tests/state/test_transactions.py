@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +13,10 @@ import pytest
 import trio
 import trio.testing
 from builders import claim, machine, result
+from owner_steps import MemorySteps
 
 from dracpu.allocation.store import AllocationStore, ContainerRecord, SandboxRecord
 from dracpu.atomicfile import atomic_write
-from dracpu.cdi import CDIError
 from dracpu.cpuset import CPUSet
 from dracpu.devices import DeviceSettings, build_inventory
 from dracpu.messages import ClaimDevice, ClaimPrepared, ClaimUnprepared, ContainerIntent
@@ -43,39 +41,16 @@ def make_state() -> NodeState:
     return state
 
 
-class Steps:
-    """ClaimSteps over memory: records each file step; ``fail`` names steps that raise."""
+class Steps(MemorySteps):
+    """MemorySteps that also record whether the metadata removal held the owner's lock."""
 
     def __init__(self, *fail: str) -> None:
-        self.fail = set(fail)
-        self.calls: list[tuple[str, str]] = []
+        super().__init__(*fail)
         self.metadata_under_lock: list[bool] = []
-        self._lock = trio.Lock()
-
-    @asynccontextmanager
-    async def claim_turn(self, claim_uid: str) -> AsyncIterator[None]:
-        yield
-
-    def lock(self) -> trio.Lock:
-        return self._lock
-
-    def commit_scope(self) -> trio.CancelScope:
-        return trio.CancelScope()
-
-    async def _step(self, name: str, uid: str) -> None:
-        self.calls.append((name, uid))
-        if name in self.fail:
-            raise CDIError(f"{name} failed for {uid}")
-
-    async def write_spec(self, claim_uid: str, cpus: CPUSet) -> None:
-        await self._step("write_spec", claim_uid)
-
-    async def remove_spec(self, claim_uid: str) -> None:
-        await self._step("remove_spec", claim_uid)
 
     async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
-        self.metadata_under_lock.append(self._lock.locked())
-        await self._step("remove_metadata", claim_uid)
+        self.metadata_under_lock.append(self.lock().locked())
+        await super().remove_metadata(namespace, name, claim_uid)
 
 
 def broken_writer(state: NodeState, tmp_path: Path) -> CheckpointFile:
