@@ -16,9 +16,8 @@ from typing import Any
 import grpc
 from builders import DRIVER
 
-from dracpu.proto.dra.v1 import api_pb2 as dra_v1
-from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
+from dracpu_sim.demo.stand_in import dra_plugin_handlers, registration_handler
 
 
 def write_cdi_spec(cdi_dir: str, claim_uid: str, cpus: str) -> str:
@@ -155,29 +154,7 @@ class FakePlugin:
         return handler
 
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:
-        handlers = []
-        for package, pb in (
-            ("k8s.io.kubelet.pkg.apis.dra.v1", dra_v1),
-            ("k8s.io.kubelet.pkg.apis.dra.v1beta1", dra_v1beta1),
-        ):
-            handlers.append(
-                grpc.method_handlers_generic_handler(
-                    f"{package}.DRAPlugin",
-                    {
-                        "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-                            self._prepare(pb),
-                            request_deserializer=pb.NodePrepareResourcesRequest.FromString,
-                            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
-                        ),
-                        "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
-                            self._unprepare(pb),
-                            request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
-                            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
-                        ),
-                    },
-                )
-            )
-        return handlers
+        return dra_plugin_handlers(self._prepare, self._unprepare)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -195,21 +172,7 @@ class FakePlugin:
     def start(self, *, dra: bool = True) -> FakePlugin:
         if dra:
             self._serve(self.dra_socket, self._dra_handlers())
-        registration = grpc.method_handlers_generic_handler(
-            "pluginregistration.Registration",
-            {
-                "GetInfo": grpc.unary_unary_rpc_method_handler(
-                    self._get_info,
-                    request_deserializer=reg_pb.InfoRequest.FromString,
-                    response_serializer=reg_pb.PluginInfo.SerializeToString,
-                ),
-                "NotifyRegistrationStatus": grpc.unary_unary_rpc_method_handler(
-                    self._notify,
-                    request_deserializer=reg_pb.RegistrationStatus.FromString,
-                    response_serializer=reg_pb.RegistrationStatusResponse.SerializeToString,
-                ),
-            },
-        )
+        registration = registration_handler(self._get_info, self._notify)
         self._serve(self.registration_socket, [registration])
         return self
 

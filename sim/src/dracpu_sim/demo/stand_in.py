@@ -29,7 +29,12 @@ from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 from dracpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from dracpu.proto.pluginregistration import api_pb2 as reg_pb
 
-__all__ = ["StandInDriver", "stand_in_drivers"]
+__all__ = [
+    "StandInDriver",
+    "dra_plugin_handlers",
+    "registration_handler",
+    "stand_in_drivers",
+]
 
 Obj = dict[str, Any]
 # Reads one claim (namespace, name) in the Trio thread; raises when it is not there.
@@ -39,6 +44,55 @@ _SERVICES = (
     ("k8s.io.kubelet.pkg.apis.dra.v1", dra_v1),
     ("k8s.io.kubelet.pkg.apis.dra.v1beta1", dra_v1beta1),
 )
+
+
+# One RPC handler for a DRA service's protobuf module (dra_v1 or dra_v1beta1).
+HandlerFor = Callable[[Any], Callable[[Any, Any], Any]]
+
+
+def dra_plugin_handlers(prepare: HandlerFor, unprepare: HandlerFor) -> list[grpc.GenericRpcHandler]:
+    """The ``DRAPlugin`` service at both versions the kubelet may call (v1 and v1beta1),
+    ``prepare(pb)`` and ``unprepare(pb)`` giving each version's unary handlers."""
+    return [
+        grpc.method_handlers_generic_handler(
+            f"{package}.DRAPlugin",
+            {
+                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                    prepare(pb),
+                    request_deserializer=pb.NodePrepareResourcesRequest.FromString,
+                    response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+                ),
+                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                    unprepare(pb),
+                    request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+                ),
+            },
+        )
+        for package, pb in _SERVICES
+    ]
+
+
+def registration_handler(
+    get_info: Callable[[reg_pb.InfoRequest, Any], reg_pb.PluginInfo],
+    notify: Callable[[reg_pb.RegistrationStatus, Any], reg_pb.RegistrationStatusResponse],
+) -> grpc.GenericRpcHandler:
+    """The ``pluginregistration.Registration`` service the kubelet's plugin watcher calls."""
+    return grpc.method_handlers_generic_handler(
+        "pluginregistration.Registration",
+        {
+            "GetInfo": grpc.unary_unary_rpc_method_handler(
+                get_info,
+                request_deserializer=reg_pb.InfoRequest.FromString,
+                response_serializer=reg_pb.PluginInfo.SerializeToString,
+            ),
+            "NotifyRegistrationStatus": grpc.unary_unary_rpc_method_handler(
+                notify,
+                request_deserializer=reg_pb.RegistrationStatus.FromString,
+                response_serializer=reg_pb.RegistrationStatusResponse.SerializeToString,
+            ),
+        },
+    )
 
 
 class StandInDriver:
@@ -125,43 +179,10 @@ class StandInDriver:
         return handler
 
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:
-        return [
-            grpc.method_handlers_generic_handler(
-                f"{package}.DRAPlugin",
-                {
-                    "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-                        self._prepare(pb),
-                        request_deserializer=pb.NodePrepareResourcesRequest.FromString,
-                        response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
-                    ),
-                    "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
-                        self._unprepare(pb),
-                        request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
-                        response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
-                    ),
-                },
-            )
-            for package, pb in _SERVICES
-        ]
+        return dra_plugin_handlers(self._prepare, self._unprepare)
 
     def _registration_handlers(self) -> list[grpc.GenericRpcHandler]:
-        return [
-            grpc.method_handlers_generic_handler(
-                "pluginregistration.Registration",
-                {
-                    "GetInfo": grpc.unary_unary_rpc_method_handler(
-                        self._get_info,
-                        request_deserializer=reg_pb.InfoRequest.FromString,
-                        response_serializer=reg_pb.PluginInfo.SerializeToString,
-                    ),
-                    "NotifyRegistrationStatus": grpc.unary_unary_rpc_method_handler(
-                        self._notify,
-                        request_deserializer=reg_pb.RegistrationStatus.FromString,
-                        response_serializer=reg_pb.RegistrationStatusResponse.SerializeToString,
-                    ),
-                },
-            )
-        ]
+        return [registration_handler(self._get_info, self._notify)]
 
     # -- lifecycle -----------------------------------------------------------------------
 
