@@ -343,16 +343,25 @@ async def tls(
     yield server, pki, other
 
 
+def tls_kube(
+    server: FakeServer, pki: dict[str, Path], ca: dict[str, Path] | None = None, **kw: Any
+) -> KubeClient:
+    """A client of the TLS server showing pki's client certificate and trusting ``ca``'s
+    certificate (pki's own CA unless said)."""
+    return kube_for(
+        f"https://127.0.0.1:{server.port}",
+        ssl_ca_cert=str((pki if ca is None else ca)["ca.crt"]),
+        cert_file=str(pki["client.crt"]),
+        key_file=str(pki["client.key"]),
+        **kw,
+    )
+
+
 async def test_tls_with_the_configured_ca_and_client_certificate(
     tls: tuple[FakeServer, dict[str, Path], dict[str, Path]],
 ) -> None:
     server, pki, _ = tls
-    kube = kube_for(
-        f"https://127.0.0.1:{server.port}",
-        ssl_ca_cert=str(pki["ca.crt"]),
-        cert_file=str(pki["client.crt"]),
-        key_file=str(pki["client.key"]),
-    )
+    kube = tls_kube(server, pki)
     try:
         for _ in range(3):
             assert await kube.get_raw("/api/v1/nodes/{name}", name="node-a") == NODE
@@ -366,13 +375,8 @@ async def test_tls_server_name_is_the_name_checked(
     tls: tuple[FakeServer, dict[str, Path], dict[str, Path]],
 ) -> None:
     server, pki, _ = tls
-    settings = {
-        "ssl_ca_cert": str(pki["ca.crt"]),
-        "cert_file": str(pki["client.crt"]),
-        "key_file": str(pki["client.key"]),
-    }
-    kube = kube_for(f"https://127.0.0.1:{server.port}", tls_server_name="api.test", **settings)
-    wrong = kube_for(f"https://127.0.0.1:{server.port}", tls_server_name="other.test", **settings)
+    kube = tls_kube(server, pki, tls_server_name="api.test")
+    wrong = tls_kube(server, pki, tls_server_name="other.test")
     try:
         assert await kube.get_raw("/api/v1/nodes/{name}", name="node-a") == NODE
         with pytest.raises(ConnectionFailed) as info:
@@ -388,12 +392,7 @@ async def test_tls_refuses_a_server_of_another_ca(
     tls: tuple[FakeServer, dict[str, Path], dict[str, Path]],
 ) -> None:
     server, pki, other = tls
-    kube = kube_for(
-        f"https://127.0.0.1:{server.port}",
-        ssl_ca_cert=str(other["ca.crt"]),
-        cert_file=str(pki["client.crt"]),
-        key_file=str(pki["client.key"]),
-    )
+    kube = tls_kube(server, pki, other)
     try:
         with pytest.raises(ConnectionFailed) as info:
             await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
@@ -409,13 +408,7 @@ async def test_tls_without_verification_and_without_a_client_certificate(
     tls: tuple[FakeServer, dict[str, Path], dict[str, Path]],
 ) -> None:
     server, pki, other = tls
-    unverified = kube_for(
-        f"https://127.0.0.1:{server.port}",
-        verify_ssl=False,
-        ssl_ca_cert=str(other["ca.crt"]),
-        cert_file=str(pki["client.crt"]),
-        key_file=str(pki["client.key"]),
-    )
+    unverified = tls_kube(server, pki, other, verify_ssl=False)
     anonymous = kube_for(f"https://127.0.0.1:{server.port}", ssl_ca_cert=str(pki["ca.crt"]))
     try:
         # insecure-skip-tls-verify: the other CA's trust is not consulted.
