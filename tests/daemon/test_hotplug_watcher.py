@@ -42,6 +42,28 @@ def node(sysfs: Path) -> NodeState:
     return state
 
 
+def watched_node(
+    tmp_path: Path, buffer: int
+) -> tuple[Path, NodeState, HotplugWatcher, trio.MemoryReceiveChannel[TopologyChanged]]:
+    """A copy of the fixture's sysfs, its owner, and a watcher polling it every 10 ms into
+    a channel of ``buffer`` changes."""
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FAKE_SYSFS / FIXTURE, sysfs)
+    state = node(sysfs)
+    send, receive = trio.open_memory_channel[TopologyChanged](buffer)
+    watcher = HotplugWatcher(SysfsSource(root=str(sysfs)), state.view, send, interval=0.01)
+    return sysfs, state, watcher, receive
+
+
+async def set_online_and_receive(
+    sysfs: Path, cpu: int, online: bool, receive: trio.MemoryReceiveChannel[TopologyChanged]
+) -> TopologyChanged:
+    """Change the CPU's online state and wait (10 s at most) for the watcher's message."""
+    set_online(sysfs, cpu, online)
+    with trio.fail_after(10):
+        return await receive.receive()
+
+
 def test_a_bad_interval_is_refused() -> None:
     state = NodeState(AllocationStore(CPUSet.parse("0-3"), CPUSet()))
     send, _ = trio.open_memory_channel[TopologyChanged](1)
@@ -50,17 +72,11 @@ def test_a_bad_interval_is_refused() -> None:
 
 
 async def test_each_change_is_one_message_the_owner_applies(tmp_path: Path) -> None:
-    sysfs = tmp_path / "sys"
-    shutil.copytree(FAKE_SYSFS / FIXTURE, sysfs)
-    state = node(sysfs)
+    sysfs, state, watcher, receive = watched_node(tmp_path, 1)
     before = state.view.online
-    send, receive = trio.open_memory_channel[TopologyChanged](1)
-    watcher = HotplugWatcher(SysfsSource(root=str(sysfs)), state.view, send, interval=0.01)
     async with trio.open_nursery() as nursery:
         await nursery.start(watcher.run)
-        set_online(sysfs, 79, False)
-        with trio.fail_after(10):
-            change = await receive.receive()
+        change = await set_online_and_receive(sysfs, 79, False, receive)
         # The watcher changed nothing: the owner still has the old online CPUs.
         assert state.view.online == before
         assert (change.went, change.came) == ("79", "")
@@ -68,9 +84,7 @@ async def test_each_change_is_one_message_the_owner_applies(tmp_path: Path) -> N
         state.apply_topology(change.topology, state.inventory)
         assert state.view.online == before - CPUSet([79])
         assert 79 not in state.view.shared_pool
-        set_online(sysfs, 79, True)
-        with trio.fail_after(10):
-            back = await receive.receive()
+        back = await set_online_and_receive(sysfs, 79, True, receive)
         assert (back.went, back.came) == ("", "79")
         nursery.cancel_scope.cancel()
     assert watcher.events == 2
@@ -108,26 +122,18 @@ async def test_a_change_not_applied_yet_is_sent_once_and_a_revert_is_sent_at_onc
 ) -> None:
     # The owner's online CPUs change only when the receiver applies a change; the polls
     # in between must not send the same change again.
-    sysfs = tmp_path / "sys"
-    shutil.copytree(FAKE_SYSFS / FIXTURE, sysfs)
-    state = node(sysfs)
+    sysfs, state, watcher, receive = watched_node(tmp_path, 10)
     before = state.view.online
-    send, receive = trio.open_memory_channel[TopologyChanged](10)
-    watcher = HotplugWatcher(SysfsSource(root=str(sysfs)), state.view, send, interval=0.01)
     async with trio.open_nursery() as nursery:
         await nursery.start(watcher.run)
-        set_online(sysfs, 79, False)
-        with trio.fail_after(10):
-            first = await receive.receive()
+        first = await set_online_and_receive(sysfs, 79, False, receive)
         assert (first.went, first.came) == ("79", "")
         await trio.sleep(0.2)  # twenty polls, the change still not applied
         with pytest.raises(trio.WouldBlock):
             receive.receive_nowait()
         # Back online before the first change was applied: the owner will apply both in
         # order, so the reverse change is sent now, relative to the first.
-        set_online(sysfs, 79, True)
-        with trio.fail_after(10):
-            back = await receive.receive()
+        back = await set_online_and_receive(sysfs, 79, True, receive)
         assert (back.went, back.came) == ("", "79")
         assert state.inventory is not None
         state.apply_topology(first.topology, state.inventory)
