@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
+# Imported while bench/ is still on sys.path (taken off below).
+from shared.sim_workload import claim, pod
+
 # bench/grpc.py shadows the grpcio package that the simulated kubelet imports.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -24,7 +27,6 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 import trio  # noqa: E402
 
@@ -41,33 +43,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def claim(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"c{i}", "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "cpus", "exactly": {"deviceClassName": "dra.cpu", "count": 2}}
-                ]
-            }
-        },
-    }
-
-
-def pod(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p{i}", "namespace": "default"},
-        "spec": {
-            "resourceClaims": [{"name": "c", "resourceClaimName": f"c{i}"}],
-            "containers": [{"name": "app", "resources": {"claims": [{"name": "c"}]}}],
-        },
-    }
 
 
 async def main() -> None:
@@ -88,7 +63,7 @@ async def main() -> None:
         idle = rss_mb(pid)
         t0 = time.perf_counter()
         for i in range(CLAIMS):
-            await node.create(claim(i))
+            await node.create(claim(i, 2))
             await node.create(pod(i))
         while True:
             states = node.pod_states()

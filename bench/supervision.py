@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
+# Imported while bench/ is still on sys.path (taken off below).
+from shared.sim_workload import claim, pod
+
 # bench/grpc.py shadows the grpcio package that the simulated kubelet imports.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -23,7 +26,6 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 import trio  # noqa: E402
 
@@ -32,33 +34,6 @@ from dracpu_sim.node import SimNode  # noqa: E402
 ROOT = str(Path(__file__).resolve().parent.parent / "tests" / "fake_sysfs" / "xeon-2s-ht")
 RUNS = 5
 CLAIMS = 2  # grouped mode on this fixture: one device per NUMA node, two in all
-
-
-def claim(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": f"c{i}", "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "cpus", "exactly": {"deviceClassName": "dra.cpu", "count": 1}}
-                ]
-            }
-        },
-    }
-
-
-def pod(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"p{i}", "namespace": "default"},
-        "spec": {
-            "resourceClaims": [{"name": "c", "resourceClaimName": f"c{i}"}],
-            "containers": [{"name": "app", "resources": {"claims": [{"name": "c"}]}}],
-        },
-    }
 
 
 async def main() -> None:
@@ -75,7 +50,7 @@ async def main() -> None:
             starts.append((time.perf_counter() - t0) * 1000)
             if run == 0:  # claims held from here on: every later start restores them
                 for i in range(CLAIMS):
-                    await node.create(claim(i))
+                    await node.create(claim(i, 1))
                     await node.create(pod(i))
                 while sum(s["phase"] == "Running" for s in node.pod_states().values()) < CLAIMS:
                     await trio.sleep(0.05)
