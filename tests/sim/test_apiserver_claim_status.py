@@ -295,6 +295,19 @@ async def read_claim(client: KubeClient) -> dict[str, Any]:
     return claim
 
 
+async def apply_as_dracpu(client: KubeClient, body: dict[str, Any]) -> bytes:
+    """Server-side apply of ``body`` to ns/c1's status as dracpu's field manager."""
+    return await client.call_raw(
+        client.resource.patch_namespaced_resource_claim_status,
+        "c1",
+        "ns",
+        body,
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
 def claim_prepared(uid: str, cpus: str, device: str = "cpudev000") -> ClaimPrepared:
     """ns/c1 prepared on node-a with one of dracpu's devices."""
     return ClaimPrepared(
@@ -372,29 +385,13 @@ async def test_the_client_sees_the_refusal_as_invalid(
     change = claim_prepared(uid, "0", "cpudev042")
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
     with pytest.raises(Invalid) as info:
-        await client.call_raw(
-            client.resource.patch_namespaced_resource_claim_status,
-            "c1",
-            "ns",
-            body,
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        await apply_as_dracpu(client, body)
     assert info.value.message == (
         'ResourceClaim.resource.k8s.io "c1" is invalid: status.devices[0]: Invalid value: '
         "dra.cpu/node-a/cpudev042: must be an allocated device in the claim"
     )
     # Removing what was never written is fine.
-    raw = await client.call_raw(
-        client.resource.patch_namespaced_resource_claim_status,
-        "c1",
-        "ns",
-        removal_body("ns", "c1", uid),
-        field_manager=FIELD_MANAGER,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    raw = await apply_as_dracpu(client, removal_body("ns", "c1", uid))
     assert "devices" not in msgspec.json.decode(raw)["status"]
 
 
@@ -525,15 +522,7 @@ async def test_kubectl_shows_the_entries_the_writer_applied(
     allocated_claim(server.store)
     change = claim_prepared(server.store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"], "0-1")
     body = apply_body(change, topology=None, node_name="node-a", since=NOW)
-    await client.call_raw(
-        client.resource.patch_namespaced_resource_claim_status,
-        "c1",
-        "ns",
-        body,
-        field_manager=FIELD_MANAGER,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    await apply_as_dracpu(client, body)
     kubeconfig = tmp_path / "kubeconfig"  # written by the fixture
     env = {**os.environ, "HOME": str(tmp_path), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
     argv = ["kubectl", "--kubeconfig", str(kubeconfig), "--cache-dir", str(tmp_path / "cache")]
