@@ -73,6 +73,15 @@ def _claims_only(path: Path) -> Path:
     return path
 
 
+async def _serve_cluster(nursery: trio.Nursery, node: str) -> SimAPIServer:
+    """A simulated API server, serving in ``nursery``, holding ``_cluster_objects(node)``."""
+    server = SimAPIServer(seed=1)
+    await nursery.start(server.serve)
+    for plural, obj in _cluster_objects(node):
+        server.create(plural, obj)
+    return server
+
+
 async def _gatherinfo(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     (tmp_path / "host" / "proc").mkdir(parents=True, exist_ok=True)  # no daemon, unless made
     (tmp_path / "tmp").mkdir(exist_ok=True)
@@ -115,11 +124,8 @@ def test_only_other_drivers_slices_of_this_node_without_server_metadata() -> Non
 async def test_gatherinfo_saves_other_drivers_slices_and_the_demo_replays_them(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    server = SimAPIServer(seed=1)
-    await nursery.start(server.serve)
+    server = await _serve_cluster(nursery, "worker-3")
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-    for plural, obj in _cluster_objects("worker-3"):
-        server.create(plural, obj)
     code, out, err = await _gatherinfo(
         tmp_path, "--kubeconfig", str(kubeconfig), "--node-name", "worker-3"
     )
@@ -211,11 +217,8 @@ async def test_forbidden_device_classes_keep_the_slices(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     # The driver's own ServiceAccount may list ResourceSlices but not DeviceClasses.
-    server = SimAPIServer(seed=1)
-    await nursery.start(server.serve)
+    server = await _serve_cluster(nursery, "worker-3")
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-    for plural, obj in _cluster_objects("worker-3"):
-        server.create(plural, obj)
     server.faults.inject(
         "list", "deviceclasses", status=403, message='deviceclasses is forbidden: User "x"'
     )
@@ -319,10 +322,7 @@ async def test_gatherinfo_reaches_the_api_server_with_the_drivers_kubeconfig(
 ) -> None:
     # The token file exists only in the driver's root: read from gatherinfo's own
     # filesystem, the client could not load the kubeconfig at all.
-    server = SimAPIServer(seed=1)
-    await nursery.start(server.serve)
-    for plural, obj in _cluster_objects("worker-3"):
-        server.create(plural, obj)
+    server = await _serve_cluster(nursery, "worker-3")
     root = _driver_process(tmp_path, "--kubeconfig", "/etc/dracpu/kubeconfig")
     (root / "etc" / "dracpu").mkdir(parents=True)
     document = kubeconfig_document(server.url)
