@@ -6,35 +6,22 @@ format, equal to the cpuset of the container that uses the claim."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from test_demo_cli import FIXTURES, run_demo
 
 from dracpu.cpuset import CPUSet
-
-FIXTURES = Path(__file__).parents[1] / "fake_sysfs"
 
 
 @pytest.mark.parametrize("mode", ["grouped", "individual"])
 def test_demo_json_has_each_claims_status_with_the_containers_cpuset(mode: str) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dracpu",
-            "demo",
-            "--sysfs-root",
-            str(FIXTURES / "xeon-2s-ht"),
-            "--cpu-device-mode",
-            mode,
-            "--output",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_demo(
+        "--sysfs-root",
+        str(FIXTURES / "xeon-2s-ht"),
+        "--cpu-device-mode",
+        mode,
+        "--output",
+        "json",
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
