@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,3 +14,12 @@ def cdi_dir(short_tmp: str) -> str:
     path = os.path.join(short_tmp, "cdi")
     os.mkdir(path)
     return path
+
+
+@pytest.fixture
+def plugin_cdi_dirs(tmp_path: Path) -> tuple[str, str]:
+    """The plugin's data directory and the CDI directory, both empty, under ``tmp_path``."""
+    plugin_dir, cdi_dir = tmp_path / "plugin", tmp_path / "cdi"
+    plugin_dir.mkdir()
+    cdi_dir.mkdir()
+    return str(plugin_dir), str(cdi_dir)

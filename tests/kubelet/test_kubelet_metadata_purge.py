@@ -34,22 +34,14 @@ CLAIM = ClaimAllocation(uid=UID, namespace="team-a", name="web")
 DEVICES = [PreparedDevice(pool_name="node-a", device_name="cpudevnuma000", request_names=("cpus",))]
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[str, str]:
-    plugin_dir, cdi_dir = tmp_path / "plugin", tmp_path / "cdi"
-    plugin_dir.mkdir()
-    cdi_dir.mkdir()
-    return str(plugin_dir), str(cdi_dir)
-
-
 def entries(plugin_dir: str) -> list[str]:
     return sorted(os.listdir(os.path.join(plugin_dir, METADATA_DIR)))
 
 
 def test_removal_sets_the_claim_directory_aside_and_a_purge_deletes_it(
-    dirs: tuple[str, str],
+    plugin_cdi_dirs: tuple[str, str],
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     assert write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
     assert os.listdir(cdi_dir) == []
@@ -62,17 +54,19 @@ def test_removal_sets_the_claim_directory_aside_and_a_purge_deletes_it(
     assert purge_removed_metadata(plugin_dir) == 0
 
 
-def test_default_removal_deletes_at_once(dirs: tuple[str, str]) -> None:
-    plugin_dir, cdi_dir = dirs
+def test_default_removal_deletes_at_once(plugin_cdi_dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID)
     assert entries(plugin_dir) == [] and os.listdir(cdi_dir) == []
 
 
 def test_a_directory_that_cannot_be_set_aside_is_deleted_in_place(
-    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    plugin_cdi_dirs: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
 
     def refuse(src: str, dst: str) -> None:
@@ -85,16 +79,16 @@ def test_a_directory_that_cannot_be_set_aside_is_deleted_in_place(
     assert "failed to set device metadata" in caplog.text and "Permission denied" in caplog.text
 
 
-def test_nothing_to_remove_or_purge_is_fine(dirs: tuple[str, str]) -> None:
-    plugin_dir, cdi_dir = dirs
+def test_nothing_to_remove_or_purge_is_fine(plugin_cdi_dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
     assert purge_removed_metadata(plugin_dir) == 0  # not even the metadata dir exists
 
 
 async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhile(
-    dirs: tuple[str, str],
+    plugin_cdi_dirs: tuple[str, str],
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     purger = MetadataPurger(plugin_dir)
     async with trio.open_nursery() as nursery:
         await nursery.start(purger.run)  # a service under the supervisor in the daemon
@@ -112,9 +106,9 @@ async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhi
 
 @pytest.mark.parametrize("durable", [True, False])
 def test_the_metadata_file_is_as_durable_as_its_cdi_spec(
-    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, durable: bool
+    plugin_cdi_dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, durable: bool
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     seen: dict[str, bool] = {}
     write = metadata.atomic_write
 
@@ -128,11 +122,11 @@ def test_the_metadata_file_is_as_durable_as_its_cdi_spec(
 
 
 async def test_the_purger_deletes_what_an_earlier_run_left_as_it_starts(
-    dirs: tuple[str, str],
+    plugin_cdi_dirs: tuple[str, str],
 ) -> None:
     # A crash (or a stop mid-purge) leaves set-aside directories; they go at start, not
     # only after this run's first unprepare.
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
     assert len(entries(plugin_dir)) == 1
@@ -147,9 +141,9 @@ async def test_the_purger_deletes_what_an_earlier_run_left_as_it_starts(
 
 
 async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
-    dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    plugin_cdi_dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plugin_dir, _ = dirs
+    plugin_dir, _ = plugin_cdi_dirs
     entered, release = threading.Event(), threading.Event()
     calls: list[str] = []
 
@@ -186,11 +180,11 @@ NEW_UID = "0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d"
 
 @pytest.mark.parametrize("purge", [True, False])
 def test_an_old_claims_unprepare_leaves_the_new_claim_of_the_same_name(
-    dirs: tuple[str, str], purge: bool
+    plugin_cdi_dirs: tuple[str, str], purge: bool
 ) -> None:
     # team-a/web deleted and created again (a new UID), the new one prepared before the
     # old one's unprepare: the directory, keyed by namespace and name, is the new one's.
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     new = ClaimAllocation(uid=NEW_UID, namespace="team-a", name="web")
     assert write_claim_metadata(plugin_dir, cdi_dir, new, DEVICES, None)
@@ -207,8 +201,10 @@ def test_an_old_claims_unprepare_leaves_the_new_claim_of_the_same_name(
     assert entries(plugin_dir) == [] and os.listdir(cdi_dir) == []
 
 
-def test_only_the_old_claims_requests_go_when_both_wrote_some(dirs: tuple[str, str]) -> None:
-    plugin_dir, cdi_dir = dirs
+def test_only_the_old_claims_requests_go_when_both_wrote_some(
+    plugin_cdi_dirs: tuple[str, str],
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     new = ClaimAllocation(uid=NEW_UID, namespace="team-a", name="web")
     other_request = [
@@ -222,9 +218,9 @@ def test_only_the_old_claims_requests_go_when_both_wrote_some(dirs: tuple[str, s
 
 @pytest.mark.parametrize("content", [b"not json", b'{"metadata": 3}', b"{}"])
 def test_a_document_that_names_no_uid_is_taken_for_the_claims_own(
-    dirs: tuple[str, str], content: bytes
+    plugin_cdi_dirs: tuple[str, str], content: bytes
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
     Path(plugin_dir, METADATA_DIR, "team-a_web", "cpus", "metadata.json").write_bytes(content)
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID)

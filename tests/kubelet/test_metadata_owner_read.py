@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -18,23 +17,15 @@ OTHER = "0d8b3c1a-7e2f-4a65-b9c4-3f2e1d0c9b8a"
 DEVICES = [PreparedDevice(pool_name="node-a", device_name="cpudevnuma000", request_names=("cpus",))]
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[str, str]:
-    plugin_dir, cdi_dir = tmp_path / "plugin", tmp_path / "cdi"
-    plugin_dir.mkdir()
-    cdi_dir.mkdir()
-    return str(plugin_dir), str(cdi_dir)
-
-
 def document_path(plugin_dir: str) -> str:
     return os.path.join(plugin_dir, METADATA_DIR, "team-a_web", "cpus", "metadata.json")
 
 
 @pytest.mark.parametrize("padding", [0, 2 << 20])
 def test_a_document_of_another_claim_is_kept_unless_too_big_to_read(
-    dirs: tuple[str, str], padding: int
+    plugin_cdi_dirs: tuple[str, str], padding: int
 ) -> None:
-    plugin_dir, cdi_dir = dirs
+    plugin_dir, cdi_dir = plugin_cdi_dirs
     claim = ClaimAllocation(uid=OTHER, namespace="team-a", name="web")
     write_claim_metadata(plugin_dir, cdi_dir, claim, DEVICES, None)
     path = document_path(plugin_dir)
