@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -335,6 +336,17 @@ def counting_writer(
     return writer, counted
 
 
+@asynccontextmanager
+async def running(writer: ClaimStatusWriter) -> AsyncIterator[trio.MemorySendChannel[ClaimEvent]]:
+    """The writer serving its inbox for the length of the block, cancelled after; yields the
+    owner's end of the inbox (NodeState.claim_events in the daemon)."""
+    async with trio.open_nursery() as nursery:
+        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
+        await nursery.start(writer.run, events)
+        yield owner
+        nursery.cancel_scope.cancel()
+
+
 async def counted_to(counted: list[tuple[str, str]], n: int) -> None:
     """Wait (10 s at most) until the writer has counted n writes."""
     with trio.fail_after(10):
@@ -353,10 +365,7 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
     apply_status(store, "gpu-driver", gpu)
     writer, counted = counting_writer(client)
     change = claim_prepared(uid, "2-3")
-    async with trio.open_nursery() as nursery:
-        # The owner's end of the writer's inbox (NodeState.claim_events in the daemon).
-        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
-        await nursery.start(writer.run, events)
+    async with running(writer) as owner:
         owner.send_nowait(change)
         await counted_to(counted, 1)
         claim = await read_claim(client)
@@ -371,7 +380,6 @@ async def test_the_writer_applies_and_removes_dracpus_entries(
         owner.send_nowait(ClaimUnprepared(uid=uid, namespace="ns", name="c1", cpus="2-3"))
         await counted_to(counted, 2)
         claim = await read_claim(client)
-        nursery.cancel_scope.cancel()
     assert counted == [("apply", "success"), ("remove", "success")]
     assert claim["status"]["devices"] == [gpu]
 
@@ -461,9 +469,7 @@ async def test_a_late_removal_leaves_the_recreated_claims_entries(
     allocated_claim(store)
     old_uid = store.get(RESOURCE_CLAIMS, "ns", "c1")["metadata"]["uid"]
     writer, counted = counting_writer(client)
-    async with trio.open_nursery() as nursery:
-        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
-        await nursery.start(writer.run, events)
+    async with running(writer) as owner:
         owner.send_nowait(claim_prepared(old_uid, "2-3"))
         await counted_to(counted, 1)
         store.delete(RESOURCE_CLAIMS, "ns", "c1")
@@ -475,7 +481,6 @@ async def test_a_late_removal_leaves_the_recreated_claims_entries(
         owner.send_nowait(ClaimUnprepared(uid=old_uid, namespace="ns", name="c1", cpus="2-3"))
         await counted_to(counted, 3)
         claim = await read_claim(client)
-        nursery.cancel_scope.cancel()
     assert counted == [("apply", "success"), ("apply", "success"), ("remove", "gone")]
     assert devices_of(claim) == [("dra.cpu", "cpudev000")]
     assert writer.describe()["claims"] == {new_uid: "written"}
@@ -503,13 +508,10 @@ async def test_the_granular_authorization_422_reaches_the_writer_as_an_rbac_refu
     )
     writer, counted = counting_writer(client, forbidden_retry=0.5)
     change = claim_prepared(uid, "2-3")
-    async with trio.open_nursery() as nursery:
-        owner, events = trio.open_memory_channel[ClaimEvent](math.inf)
-        await nursery.start(writer.run, events)
+    async with running(writer) as owner:
         owner.send_nowait(change)
         await counted_to(counted, 2)  # refused, then written at the slow retry
         claim = await read_claim(client)
-        nursery.cancel_scope.cancel()
     assert counted == [("apply", "refused"), ("apply", "success")]
     assert devices_of(claim) == [("dra.cpu", "cpudev000")]
 
