@@ -43,6 +43,23 @@ class HungDisk:
         self.landed.append([c.uid for c in decode_checkpoint(data).claims])
 
 
+def hung_checkpoint(
+    tmp_path: Path, stop_bound: float
+) -> tuple[NodeState, HungDisk, CheckpointFile]:
+    """An owner of ALL CPUs whose checkpoint writes to a ``HungDisk`` in ``tmp_path``."""
+    state = NodeState(AllocationStore(ALL, CPUSet()))
+    disk = HungDisk()
+    checkpoint = CheckpointFile(
+        state,
+        str(tmp_path),
+        boot_id="b",
+        config_fingerprint="f",
+        write_file=disk,
+        stop_bound=stop_bound,
+    )
+    return state, disk, checkpoint
+
+
 async def prepare(state: NodeState, uid: str, cpus: str, outcomes: list[str]) -> None:
     p = ClaimPlan(record=ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus), devices=DEVICE))
     assert state._begin_prepare(p)
@@ -62,11 +79,7 @@ async def prepare(state: NodeState, uid: str, cpus: str, outcomes: list[str]) ->
 async def test_a_stop_waits_for_a_hung_write_the_bound_only(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    state = NodeState(AllocationStore(ALL, CPUSet()))
-    disk = HungDisk()
-    checkpoint = CheckpointFile(
-        state, str(tmp_path), boot_id="b", config_fingerprint="f", write_file=disk, stop_bound=2.5
-    )
+    state, disk, checkpoint = hung_checkpoint(tmp_path, stop_bound=2.5)
     outcomes: list[str] = []
     try:
         with state.checkpoint_writer():
@@ -91,11 +104,7 @@ async def test_a_stop_waits_for_a_hung_write_the_bound_only(
 
 async def test_a_write_left_behind_is_never_overtaken(tmp_path: Path) -> None:
     # Real time: the threads need their milliseconds.
-    state = NodeState(AllocationStore(ALL, CPUSet()))
-    disk = HungDisk()
-    checkpoint = CheckpointFile(
-        state, str(tmp_path), boot_id="b", config_fingerprint="f", write_file=disk, stop_bound=0.1
-    )
+    state, disk, checkpoint = hung_checkpoint(tmp_path, stop_bound=0.1)
     outcomes: list[str] = []
     try:
         with state.checkpoint_writer():
