@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import trio
@@ -48,6 +48,25 @@ def stuck_in_thread(hang: Hang, *, abandon: bool):  # type: ignore[no-untyped-de
     return run
 
 
+def stuck_startup(
+    name: str, hang: Hang, *, abandon: bool
+) -> Callable[[Supervisor], Awaitable[None]]:
+    """The daemon's start-up: one service stuck in ``hang``, started once its thread is in."""
+
+    async def startup(s: Supervisor) -> None:
+        await s.start(Service(name=name, run=stuck_in_thread(hang, abandon=abandon)))
+        await trio.to_thread.run_sync(hang.entered.wait)
+
+    return startup
+
+
+async def sigterm_at(sup: Supervisor, signals: OneSignal, at: float) -> None:
+    """SIGTERM at ``at`` seconds (clock time), once start-up is complete."""
+    await sup.startup_complete.wait()
+    await trio.sleep_until(at)
+    await signals.send.send(signal.SIGTERM)
+
+
 async def test_an_abandonable_thread_does_not_hold_up_shutdown(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -56,20 +75,14 @@ async def test_an_abandonable_thread_does_not_hold_up_shutdown(
     signals = OneSignal()
     exits: list[int] = []
 
-    async def startup(s: Supervisor) -> None:
-        await s.start(Service(name="cgroup-writer", run=stuck_in_thread(hang, abandon=True)))
-        await trio.to_thread.run_sync(hang.entered.wait)
-
-    async def sigterm_at_10() -> None:
-        await sup.startup_complete.wait()
-        await trio.sleep_until(10)
-        await signals.send.send(signal.SIGTERM)
-
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(sigterm_at_10)
+            nursery.start_soon(sigterm_at, sup, signals, 10)
             code = await run_daemon(
-                startup, supervisor=sup, exit_process=exits.append, signal_receiver=signals
+                stuck_startup("cgroup-writer", hang, abandon=True),
+                supervisor=sup,
+                exit_process=exits.append,
+                signal_receiver=signals,
             )
         # Stopped the moment the signal came: no grace period spent, nothing left over.
         assert (code, exits, sup.abandoned) == (0, [], [])
@@ -88,24 +101,18 @@ async def test_a_thread_waited_for_is_given_the_grace_period_then_the_process_ex
     signals = OneSignal()
     exits: list[tuple[int, float]] = []
 
-    async def startup(s: Supervisor) -> None:
-        await s.start(Service(name="checkpoint", run=stuck_in_thread(hang, abandon=False)))
-        await trio.to_thread.run_sync(hang.entered.wait)
-
-    async def sigterm_at_10() -> None:
-        await sup.startup_complete.wait()
-        await trio.sleep_until(10)
-        await signals.send.send(signal.SIGTERM)
-
     def exit_process(code: int) -> None:
         exits.append((code, trio.current_time()))
         hang.release.set()  # the process would be gone; here the thread may finish
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(sigterm_at_10)
+            nursery.start_soon(sigterm_at, sup, signals, 10)
             await run_daemon(
-                startup, supervisor=sup, exit_process=exit_process, signal_receiver=signals
+                stuck_startup("checkpoint", hang, abandon=False),
+                supervisor=sup,
+                exit_process=exit_process,
+                signal_receiver=signals,
             )
         assert exits == [(0, 15.0)]  # the signal at 10 s, plus the 5 s grace
         assert sup.abandoned == ["checkpoint"]
