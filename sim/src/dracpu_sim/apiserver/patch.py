@@ -41,21 +41,10 @@ def _unprocessable(message: str) -> ApiError:
     return ApiError(422, "Invalid", message)
 
 
-def _parent(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+def _walk(doc: Any, parts: list[str], path: str) -> Any:
+    """The node at ``parts`` (object keys, array indexes) under ``doc``; 422 when missing."""
     node = doc
-    for part in parts[:-1]:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise _unprocessable(f"doc is missing path: {path!r}")
-    return node, parts[-1]
-
-
-def _get(doc: Any, path: str) -> Any:
-    node = doc
-    for part in _pointer(path):
+    for part in parts:
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -63,6 +52,14 @@ def _get(doc: Any, path: str) -> Any:
         else:
             raise _unprocessable(f"doc is missing path: {path!r}")
     return node
+
+
+def _parent(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+    return _walk(doc, parts[:-1], path), parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    return _walk(doc, _pointer(path), path)
 
 
 def _add(doc: Any, path: str, value: Any) -> Any:
