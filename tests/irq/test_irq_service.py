@@ -26,6 +26,12 @@ ISOLATE = {"main": AllocationOptions(isolate_irqs=True)}
 ORIGINAL = {0: "0", 24: "0-7", 25: "4-5", 26: "2-3", 27: "0-7", 28: "6"}
 
 
+def assert_all_restored(proc: Path) -> None:
+    """Every interrupt's affinity and the default mask are back to what they were."""
+    assert affinities(proc) == ORIGINAL
+    assert default_mask(proc) == "ff"
+
+
 def claim(uid: str, cpus: str, *, isolate: bool = True) -> ClaimRecord:
     return ClaimRecord(uid=uid, cpus=CPUSet.parse(cpus), options=ISOLATE if isolate else {})
 
@@ -78,8 +84,7 @@ def test_prepare_moves_masks_and_unprepare_gives_them_back(tmp_path: Path, proc:
     assert affinities(proc)[26] == "2-3"
     assert affinities(proc)[24] == "0-5"
     report = svc.apply(CPUSet())
-    assert affinities(proc) == ORIGINAL
-    assert default_mask(proc) == "ff"
+    assert_all_restored(proc)
     assert svc.record.empty
     assert json.loads((tmp_path / "state" / RECORD_FILE).read_text())["originals"] == {}
 
@@ -112,8 +117,7 @@ def test_restart_in_the_middle_restores_from_the_record(tmp_path: Path, proc: Pa
     again = service(tmp_path, Claims())
     assert again.record.banned == CPUSet.parse("2-3")
     again.apply(CPUSet())
-    assert affinities(proc) == ORIGINAL
-    assert default_mask(proc) == "ff"
+    assert_all_restored(proc)
 
 
 def test_restart_with_the_claim_still_prepared_keeps_the_ban(tmp_path: Path, proc: Path) -> None:
@@ -202,8 +206,7 @@ def test_bad_default_affinity_is_a_clear_error_and_loses_nothing(
     assert affinities(proc) == before
     (proc / "irq" / "default_smp_affinity").write_text("f3\n")
     svc.apply(CPUSet())
-    assert affinities(proc) == ORIGINAL
-    assert default_mask(proc) == "ff"
+    assert_all_restored(proc)
 
 
 def test_a_bad_interrupt_file_is_reported_and_its_original_kept(tmp_path: Path, proc: Path) -> None:
