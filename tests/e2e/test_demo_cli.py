@@ -217,8 +217,9 @@ def test_demo_bad_cgroup_flag_is_one_line(flag: str, value: str, message: str) -
     assert line.startswith(f"dracpu: demo: {message}")
 
 
-def test_keep_running_serves_until_interrupted() -> None:
-    proc = subprocess.Popen(
+def _keep_running_demo() -> subprocess.Popen[str]:
+    """`dracpu demo --keep-running` on the two-socket shape, its output read as text."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -232,6 +233,10 @@ def test_keep_running_serves_until_interrupted() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_keep_running_serves_until_interrupted() -> None:
+    proc = _keep_running_demo()
     try:
         assert proc.stdout is not None
         lines = []
@@ -368,20 +373,7 @@ def test_shared_pool_access_is_told_apart() -> None:
 
 
 def test_a_daemon_that_dies_midway_is_one_line() -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dracpu",
-            "demo",
-            "--sysfs-root",
-            str(FIXTURES / "xeon-2s-ht"),
-            "--keep-running",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _keep_running_demo()
     kept = ""
     try:
         assert proc.stdout is not None and proc.stderr is not None
