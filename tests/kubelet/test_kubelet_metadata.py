@@ -21,7 +21,7 @@ from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare
 
 from dracpu.atomicfile import atomic_write
 from dracpu.cdi import device_env, on_memory_filesystem
-from dracpu.kubelet import ClaimRef, dra, metadata
+from dracpu.kubelet import ClaimRef, dra, metadata, metadata_tree
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 
 
@@ -195,7 +195,13 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
         durable[os.path.basename(path)] = kw.get("durable", True)
         atomic_write(path, data, **kw)
 
+    def recorded_in_place(path: str, data: bytes, *, durable: bool) -> None:
+        durable_of[os.path.basename(path)] = durable
+        write_in_place(path, data, durable=durable)
+
+    durable_of, write_in_place = durable, metadata_tree._write_in_place
     monkeypatch.setattr(metadata, "atomic_write", recorded_write)
+    monkeypatch.setattr(metadata_tree, "_write_in_place", recorded_in_place)
 
     def watched(name: str, fn: object) -> object:
         def call(*args: object, **kw: object) -> object:
@@ -204,8 +210,13 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
 
         return call
 
-    monkeypatch.setattr(dra, "write_claim_metadata", watched("write", dra.write_claim_metadata))
-    monkeypatch.setattr(dra, "remove_claim_metadata", watched("remove", dra.remove_claim_metadata))
+    for step in (
+        "write_claim_files",
+        "write_metadata_specs",
+        "remove_metadata_files",
+        "remove_metadata_specs",
+    ):
+        monkeypatch.setattr(dra, step, watched(step, getattr(dra, step)))
     try:
         node = make_node(cdi_dir)
         service = node.restart(plugin_data_dir=plugin_dir)
@@ -215,10 +226,14 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
         assert os.path.exists(os.path.join(cdi_dir, "dra.cpu_metadata_uid-t_cpus.json"))
         assert (await service.unprepare([ref]))["uid-t"].error == ""
         assert os.listdir(cdi_dir) == []
-        # Inline (on the Trio thread) only with both dirs on tmpfs; the metadata's CDI
-        # spec is written without fsyncs either way, as the CDI dir is a tmpfs.
-        assert seen["write"] == (plugin_on_tmpfs, {"spec_durable": False})
-        assert seen["remove"][0] == plugin_on_tmpfs
+        # The files on the Trio thread only with both dirs on tmpfs; the specs are on the
+        # Trio thread either way (the CDI dir is a tmpfs), and written without fsyncs.
+        assert service.metadata_purger is not None
+        spares = service.metadata_purger.spares
+        assert seen["write_claim_files"] == (plugin_on_tmpfs, {"durable": False, "spares": spares})
+        assert seen["remove_metadata_files"] == (plugin_on_tmpfs, {"purge": False, "spares": spares})
+        assert seen["write_metadata_specs"] == (True, {"durable": False})
+        assert seen["remove_metadata_specs"] == (True, {})
         # The metadata file is as durable as the spec that mounts it: no fsync either.
         assert durable == {"metadata.json": False, "dra.cpu_metadata_uid-t_cpus.json": False}
     finally:

@@ -2,8 +2,9 @@
 as the CDI spec that mounts it.
 
 An unprepare renames the claim's metadata directory aside (``.removed-<random>``), so the
-claim's path is free at once; ``purge_removed_metadata`` (run by ``MetadataPurger`` in the
-background) deletes what was set aside.
+claim's path is free at once; ``purge_removed_metadata`` deletes what was set aside, and
+``MetadataPurger`` keeps some as spares for later prepares (tests/kubelet/
+test_metadata_spares.py) and deletes the others in the background.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import trio
 
 from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
-from dracpu.kubelet import metadata
+from dracpu.kubelet import metadata, metadata_tree
 from dracpu.kubelet.metadata import (
     METADATA_DIR,
     MetadataPurger,
@@ -89,13 +90,15 @@ async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhi
     plugin_cdi_dirs: tuple[str, str],
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
-    purger = MetadataPurger(plugin_dir)
+    purger = MetadataPurger(plugin_dir, keep=0)  # no spares kept: each one is deleted
     async with trio.open_nursery() as nursery:
         await nursery.start(purger.run)  # a service under the supervisor in the daemon
         for name in ("a", "b"):
             claim = ClaimAllocation(uid=UID, namespace="team-a", name=name)
             write_claim_metadata(plugin_dir, cdi_dir, claim, DEVICES, None)
-            remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False)
+            remove_claim_metadata(
+                plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=purger.spares
+            )
             purger.soon()  # the second call finds the first purge running, or done
         with trio.fail_after(10):
             while purger.purged < 2 or entries(plugin_dir):
@@ -109,16 +112,28 @@ def test_the_metadata_file_is_as_durable_as_its_cdi_spec(
     plugin_cdi_dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch, durable: bool
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
-    seen: dict[str, bool] = {}
-    write = metadata.atomic_write
+    seen: list[tuple[str, str, bool]] = []
+    write, in_place = metadata.atomic_write, metadata_tree._write_in_place
 
     def recorded(path: str, data: bytes, **kw: Any) -> None:
-        seen[os.path.basename(path)] = kw.get("durable", True)
+        seen.append(("replaced", os.path.basename(path), kw.get("durable", True)))
         write(path, data, **kw)
 
-    monkeypatch.setattr(metadata, "atomic_write", recorded)
+    def recorded_in_place(path: str, data: bytes, *, durable: bool) -> None:
+        seen.append(("in place", os.path.basename(path), durable))
+        in_place(path, data, durable=durable)
+
+    monkeypatch.setattr(metadata, "atomic_write", recorded)  # the CDI spec
+    monkeypatch.setattr(metadata_tree, "atomic_write", recorded)  # a live file replaced
+    monkeypatch.setattr(metadata_tree, "_write_in_place", recorded_in_place)
     write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None, spec_durable=durable)
-    assert seen == {"metadata.json": durable, f"dra.cpu_metadata_{UID}_cpus.json": durable}
+    spec = f"dra.cpu_metadata_{UID}_cpus.json"
+    # A tree this call made: the file is nobody's yet and is written in place.
+    assert seen == [("in place", "metadata.json", durable), ("replaced", spec, durable)]
+    seen.clear()
+    # Prepared again: the file may be mounted by now, so it is replaced with a rename.
+    write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None, spec_durable=durable)
+    assert seen == [("replaced", "metadata.json", durable), ("replaced", spec, durable)]
 
 
 async def test_the_purger_deletes_what_an_earlier_run_left_as_it_starts(
@@ -147,16 +162,17 @@ async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
     entered, release = threading.Event(), threading.Event()
     calls: list[str] = []
 
-    def hung_purge(root: str) -> int:
-        calls.append(root)
+    purger = MetadataPurger(plugin_dir)
+
+    def hung_purge() -> int:
+        calls.append(purger.spares.root)
         entered.set()
         release.wait(30)
         return 0
 
-    monkeypatch.setattr(metadata, "purge_removed_metadata", hung_purge)
+    monkeypatch.setattr(purger.spares, "purge", hung_purge)
     default = trio.to_thread.current_default_thread_limiter()
     before = default.borrowed_tokens
-    purger = MetadataPurger(plugin_dir)
     try:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
@@ -170,7 +186,7 @@ async def test_a_purge_left_behind_holds_its_own_thread_not_trios_shared_pool(
         purger.soon()
         with trio.move_on_after(0.2):
             await purger.run()
-        assert calls == [plugin_dir]
+        assert calls == [os.path.join(plugin_dir, METADATA_DIR)]
     finally:
         release.set()
 

@@ -39,8 +39,11 @@ from dracpu.kubelet.claims import ClaimSource
 from dracpu.kubelet.metadata import (
     DeviceAttributes,
     MetadataPurger,
-    remove_claim_metadata,
-    write_claim_metadata,
+    metadata_files,
+    remove_metadata_files,
+    remove_metadata_specs,
+    write_claim_files,
+    write_metadata_specs,
 )
 from dracpu.logs import operation
 from dracpu.metrics import DriverMetrics
@@ -235,18 +238,20 @@ class DRAService:
         return await self._metadata_batches.run(fn, *args)
 
     async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
-        if self.plugin_data_dir is not None:
-            # The claim's directory is renamed aside at once and deleted in the background.
-            await self._metadata_io(
-                functools.partial(remove_claim_metadata, purge=False),
-                self.plugin_data_dir,
-                self.cdi_dir,
-                namespace,
-                name,
-                claim_uid,
-            )
-            if self.metadata_purger is not None:
-                self.metadata_purger.soon()
+        if self.plugin_data_dir is None:
+            return
+        purger = self.metadata_purger
+        # The claim's directory is set aside at once, as a spare for a later prepare; the
+        # purge deletes what is not kept, in the background.
+        remove = functools.partial(
+            remove_metadata_files,
+            purge=False,
+            spares=purger.spares if purger is not None else None,
+        )
+        requests = await self._metadata_io(remove, self.plugin_data_dir, namespace, name, claim_uid)
+        await self._file_io(remove_metadata_specs, self.cdi_dir, claim_uid, requests)
+        if purger is not None:
+            purger.soon()
 
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
@@ -302,11 +307,21 @@ class DRAService:
         assert self.plugin_data_dir is not None
         planned_with = self.state.inventory
         inventory = planned_with if isinstance(planned_with, DeviceAttributes) else None
-        # The metadata's CDI spec is like the claim's: no fsyncs on tmpfs.
-        write = functools.partial(write_claim_metadata, spec_durable=self._on_disk())
-        ids = await self._metadata_io(
-            write, self.plugin_data_dir, self.cdi_dir, claim, plan.devices, inventory
+        claim_dir, files = metadata_files(self.plugin_data_dir, claim, plan.devices, inventory)
+        if not files:
+            return devices
+        # The metadata file and its CDI spec are like the claim's: no fsyncs on tmpfs. The
+        # files on disk are written in a worker thread, the spec where the claim's is.
+        durable = self._on_disk()
+        purger = self.metadata_purger
+        write = functools.partial(
+            write_claim_files,
+            durable=durable,
+            spares=purger.spares if purger is not None else None,
         )
+        written = await self._metadata_io(write, claim, claim_dir, files)
+        specs = functools.partial(write_metadata_specs, durable=durable)
+        ids = await self._file_io_result(specs, self.cdi_dir, claim, claim_dir, written)
         out = list(devices)
         for request, cdi_id in ids.items():
             for index, device in enumerate(out):

@@ -8,20 +8,25 @@ bind-mounts it read-only into the container under
 CDI id on the request's first device. Failures here are logged, never
 a claim error: the CPUs are what the container needs.
 
-Documents are built by pure functions; ``write_claim_metadata`` and
-``remove_claim_metadata`` do the (blocking) file work.
+Documents are built by pure functions (``metadata_files``). The blocking work has two
+steps, each with its own call, as the DRA service runs them in different places: the files
+in the plugin's data dir (``write_claim_files``, ``remove_metadata_files``: on disk, in a
+worker thread; ``metadata_tree`` does them) and the specs in the CDI dir
+(``write_metadata_specs``, ``remove_metadata_specs``: where the claim's own CDI spec is
+written). ``write_claim_metadata`` and ``remove_claim_metadata`` run both.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 import trio
 
 from dracpu import DRIVER_NAME
@@ -37,6 +42,14 @@ from dracpu.cdi.metadata import (
 )
 from dracpu.devices.model import ATTR_ALLOCATED_NUM_CPUS
 from dracpu.k8s.names import is_dns1123_label, is_dns1123_subdomain
+from dracpu.kubelet.metadata_tree import (
+    MAX_SPARES,
+    SPARE_PREFIX,
+    SpareDirs,
+    remove_logged,
+    remove_metadata_tree,
+    write_metadata_tree,
+)
 from dracpu.nursery.pulse import Pulse
 
 __all__ = [
@@ -44,9 +57,14 @@ __all__ = [
     "DeviceAttributes",
     "MetadataPurger",
     "metadata_document",
+    "metadata_files",
     "purge_removed_metadata",
     "remove_claim_metadata",
+    "remove_metadata_files",
+    "remove_metadata_specs",
+    "write_claim_files",
     "write_claim_metadata",
+    "write_metadata_specs",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,35 +146,20 @@ def _claim_dir(plugin_dir: str, namespace: str, name: str) -> str | None:
     return os.path.join(plugin_dir, METADATA_DIR, f"{namespace}_{name}")
 
 
-def write_claim_metadata(
+def metadata_files(
     plugin_dir: str,
-    cdi_dir: str,
     claim: ClaimAllocation,
     devices: Sequence[PreparedDevice],
     inventory: DeviceAttributes | None,
-    *,
-    spec_durable: bool = True,
-) -> dict[str, str]:
-    """Write each request's metadata file and CDI spec; base request -> CDI id written.
-
-    A request whose files could not be written is logged and left out of the result.
-    ``spec_durable=False`` writes the CDI spec and the metadata file without fsyncs (a CDI
-    dir on tmpfs, as /var/run/cdi is on a node).
-
-    The metadata file is exactly as durable as the CDI spec that mounts it: nothing else
-    reads it, and only through that spec. A crash of dracpu loses nothing from the page
-    cache, so an fsync only matters across a crash of the kernel, and after one the
-    spec on tmpfs is gone with the boot: the file is unreachable until the kubelet
-    prepares the claim again, which writes both anew. The rename keeps readers from ever
-    seeing half a file either way. On a node this saves two fsyncs of the plugin's data
-    dir per prepare (and the journal commits they wait for).
-    """
-    written: dict[str, str] = {}
+) -> tuple[str, list[tuple[str, bytes]]]:
+    """The claim's metadata directory and each base request's document bytes. A request
+    whose names cannot make a path is logged and left out (no files at all when the
+    claim's own names cannot). Pure: no file is touched."""
     claim_dir = _claim_dir(plugin_dir, claim.namespace, claim.name)
-    requests = dict.fromkeys(_base(r) for d in devices for r in d.request_names)
-    usable_uid = _uid_ok(claim.uid)
-    for request in requests:
-        if claim_dir is None or not usable_uid or not is_dns1123_label(request):
+    usable = claim_dir is not None and _uid_ok(claim.uid)
+    files: list[tuple[str, bytes]] = []
+    for request in dict.fromkeys(_base(r) for d in devices for r in d.request_names):
+        if not (usable and is_dns1123_label(request)):
             log.warning(
                 "device metadata skipped: unusable names in claim %r/%r uid %r request %r",
                 claim.namespace,
@@ -165,122 +168,147 @@ def write_claim_metadata(
                 request,
             )
             continue
-        host_path = os.path.join(claim_dir, request, "metadata.json")
         document = metadata_document(claim, request, devices, inventory)
+        files.append((request, json.dumps(document).encode() + b"\n"))
+    return claim_dir or "", files
+
+
+def write_metadata_specs(
+    cdi_dir: str, claim: ClaimAllocation, claim_dir: str, requests: Sequence[str], *, durable: bool
+) -> dict[str, str]:
+    """The CDI spec that mounts each written request's file; base request -> CDI id, for
+    the specs written (a failure is logged)."""
+    ids: dict[str, str] = {}
+    for request in requests:
+        host_path = os.path.join(claim_dir, request, "metadata.json")
         spec = metadata_spec(claim.uid, claim.name, request, host_path)
-        spec_path = os.path.join(cdi_dir, metadata_spec_name(claim.uid, request))
+        path = os.path.join(cdi_dir, metadata_spec_name(claim.uid, request))
         try:
-            atomic_write(
-                host_path,
-                json.dumps(document).encode() + b"\n",
-                mode=0o644,
-                durable=spec_durable,
-            )
-            atomic_write(spec_path, json.dumps(spec, indent=2).encode(), durable=spec_durable)
+            # msgspec's indented form is json.dumps(indent=2)'s, without its Python encoder.
+            atomic_write(path, msgspec.json.format(msgspec.json.encode(spec)), durable=durable)
         except OSError as exc:
-            log.warning(
-                "failed to write device metadata for claim %s/%s request %s: %s",
-                claim.namespace,
-                claim.name,
-                request,
-                exc,
-            )
+            _write_failed(claim, request, exc)
             continue
-        written[request] = cdi_metadata_id(claim.uid, request)
-    return written
+        ids[request] = cdi_metadata_id(claim.uid, request)
+    return ids
 
 
-# A claim directory set aside by an unprepare, until a purge deletes it. Claim directories
-# start with a DNS label's first character, never a dot, so the names cannot meet.
-_SET_ASIDE = ".removed-"
+def write_claim_metadata(
+    plugin_dir: str,
+    cdi_dir: str,
+    claim: ClaimAllocation,
+    devices: Sequence[PreparedDevice],
+    inventory: DeviceAttributes | None,
+    *,
+    spec_durable: bool = True,
+    spares: SpareDirs | None = None,
+) -> dict[str, str]:
+    """Write each request's metadata file and CDI spec; base request -> CDI id written.
+
+    The three steps in one call (the DRA service runs the file step in a worker thread and
+    the spec step where the claim's CDI spec is written). A request whose files could not
+    be written is logged and left out of the result. ``spec_durable=False`` writes the CDI
+    spec and the metadata file without fsyncs (a CDI dir on tmpfs, as /var/run/cdi is on a
+    node). With ``spares``, a claim whose directory does not exist takes a spare one
+    (``metadata_tree``) instead of making a new tree.
+
+    The metadata file is exactly as durable as the CDI spec that mounts it: nothing else
+    reads it, and only through that spec. A crash of dracpu loses nothing from the page
+    cache, so an fsync only matters across a crash of the kernel, and after one the
+    spec on tmpfs is gone with the boot: the file is unreachable until the kubelet
+    prepares the claim again, which writes both anew. On a node this saves two fsyncs of
+    the plugin's data dir per prepare (and the journal commits they wait for).
+    """
+    claim_dir, files = metadata_files(plugin_dir, claim, devices, inventory)
+    if not files:
+        return {}
+    written = write_claim_files(claim, claim_dir, files, durable=spec_durable, spares=spares)
+    return write_metadata_specs(cdi_dir, claim, claim_dir, written, durable=spec_durable)
+
+
+def write_claim_files(
+    claim: ClaimAllocation,
+    claim_dir: str,
+    files: Sequence[tuple[str, bytes]],
+    *,
+    durable: bool,
+    spares: SpareDirs | None,
+) -> list[str]:
+    """``metadata_tree.write_metadata_tree`` for the claim, its failures logged."""
+    return write_metadata_tree(
+        claim_dir,
+        files,
+        durable=durable,
+        spares=spares,
+        failed=functools.partial(_write_failed, claim),
+    )
+
+
+def _write_failed(claim: ClaimAllocation, request: str, exc: OSError) -> None:
+    log.warning(
+        "failed to write device metadata for claim %s/%s request %s: %s",
+        claim.namespace,
+        claim.name,
+        request,
+        exc,
+    )
+
+
+def remove_metadata_files(
+    plugin_dir: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    *,
+    purge: bool,
+    spares: SpareDirs | None,
+) -> list[str] | None:
+    """The file step of ``remove_claim_metadata``: the request directories the claim's
+    directory held, None when there was none to list."""
+    claim_dir = _claim_dir(plugin_dir, namespace, name)
+    if claim_dir is None:
+        return None
+    return remove_metadata_tree(claim_dir, uid, purge=purge, spares=spares)
+
+
+def remove_metadata_specs(cdi_dir: str, uid: str, requests: Sequence[str] | None) -> None:
+    """Delete the claim's metadata CDI specs: one per request directory its metadata
+    directory held (a spec is only written after its file), or, when that directory was
+    not there to list, every spec named for the claim's UID."""
+    if not _uid_ok(uid):
+        return
+    if requests is not None:
+        names = [metadata_spec_name(uid, r) for r in requests]
+    else:
+        # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a
+        # pattern per claim made the daemon's memory grow with every claim unprepared.
+        prefix = metadata_spec_prefix(uid)
+        try:
+            listed = os.listdir(cdi_dir)
+        except OSError:
+            listed = []
+        names = [n for n in listed if n.startswith(prefix) and n.endswith(".json")]
+    for name in names:
+        remove_logged(os.unlink, os.path.join(cdi_dir, name), "device metadata spec")
 
 
 def remove_claim_metadata(
-    plugin_dir: str, cdi_dir: str, namespace: str, name: str, uid: str, *, purge: bool = True
+    plugin_dir: str,
+    cdi_dir: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    *,
+    purge: bool = True,
+    spares: SpareDirs | None = None,
 ) -> None:
     """Remove a claim's metadata directory and metadata CDI specs; problems are logged.
 
-    ``purge=False`` renames the claim's directory aside (``.removed-<random>`` next to it)
-    instead of deleting it, for ``purge_removed_metadata`` to delete later: the claim's
-    path is free at once, and the unprepare does not wait for the directory deletions
-    (on ext4 mounted with ``discard``, as many cloud images are, each rmdir(2) waits
-    about 1-3 ms, and a claim's tree has two).
+    ``purge=False`` sets the directory aside instead of deleting it
+    (``metadata_tree.remove_metadata_tree``).
     """
-    claim_dir = _claim_dir(plugin_dir, namespace, name)
-    if claim_dir is not None:
-        _remove_claim_dir(claim_dir, uid, purge=purge)
-    if not _uid_ok(uid):
-        return
-    # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
-    # per claim made the daemon's memory grow with every claim ever unprepared.
-    prefix = metadata_spec_prefix(uid)
-    try:
-        names = os.listdir(cdi_dir)
-    except OSError:
-        names = []
-    for path in (
-        os.path.join(cdi_dir, n) for n in names if n.startswith(prefix) and n.endswith(".json")
-    ):
-        _remove_logged(os.unlink, path, "device metadata spec")
-
-
-def _remove_claim_dir(claim_dir: str, uid: str, *, purge: bool) -> None:
-    """Remove the claim's directory, leaving any request in it that another claim of the
-    same namespace and name wrote.
-
-    The directory is named after the claim's namespace and name, not its UID: that is the
-    layout of the upstream kubelet plugin helper (k8s.io/dynamic-resource-allocation,
-    kubeletplugin's metadata writer: ``<plugin dir>/dra-device-metadata/<ns>_<name>/``),
-    and its cleanup deletes the directory whatever it holds. A claim deleted and created
-    again under the same name (a new UID) may be prepared before the old one's unprepare
-    arrives; that unprepare must not take the new claim's files, which its CDI spec
-    mounts. Each request's document names the claim's UID, so whatever names another UID
-    stays; what cannot be read is taken for this claim's, as before.
-    """
-    try:
-        requests = os.listdir(claim_dir)
-    except OSError:
-        requests = []
-    others = [r for r in requests if _written_for_another(claim_dir, r, uid)]
-    if not others:
-        if purge or not _set_aside(claim_dir):
-            _remove_logged(shutil.rmtree, claim_dir, "device metadata")
-        return
-    log.info(
-        "device metadata of %s kept for requests %s: another claim of the same name wrote it",
-        claim_dir,
-        ", ".join(sorted(others)),
-    )
-    for request in requests:
-        if request not in others:
-            _remove_logged(shutil.rmtree, os.path.join(claim_dir, request), "device metadata")
-
-
-def _written_for_another(claim_dir: str, request: str, uid: str) -> bool:
-    """Whether the request's metadata document names a claim UID other than ``uid``."""
-    try:
-        with open(os.path.join(claim_dir, request, "metadata.json"), "rb") as f:
-            # At most 1 MiB, but no 1 MiB buffer for a document of a few hundred bytes
-            # (read(n) allocates n first: an mmap and munmap per unprepare, ~18 us).
-            document = json.loads(f.read(min(os.fstat(f.fileno()).st_size, 1 << 20)))
-        written_for = document["metadata"]["uid"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return isinstance(written_for, str) and written_for != uid
-
-
-def _set_aside(claim_dir: str) -> bool:
-    """Rename the claim's directory aside; True when it is gone from its path (also when
-    it never existed), False when it is still there."""
-    aside = os.path.join(os.path.dirname(claim_dir), _SET_ASIDE + secrets.token_hex(8))
-    try:
-        os.rename(claim_dir, aside)
-    except FileNotFoundError:
-        return True
-    except OSError as exc:
-        log.warning("failed to set device metadata %s aside: %s", claim_dir, exc)
-        return False
-    return True
+    requests = remove_metadata_files(plugin_dir, namespace, name, uid, purge=purge, spares=spares)
+    remove_metadata_specs(cdi_dir, uid, requests)
 
 
 def purge_removed_metadata(plugin_dir: str) -> int:
@@ -288,16 +316,17 @@ def purge_removed_metadata(plugin_dir: str) -> int:
     earlier run); the number deleted. Problems are logged."""
     root = os.path.join(plugin_dir, METADATA_DIR)
     try:
-        names = [n for n in os.listdir(root) if n.startswith(_SET_ASIDE)]
+        names = [n for n in os.listdir(root) if n.startswith(SPARE_PREFIX)]
     except OSError:
         return 0
     for name in names:
-        _remove_logged(shutil.rmtree, os.path.join(root, name), "device metadata")
+        remove_logged(shutil.rmtree, os.path.join(root, name), "device metadata")
     return len(names)
 
 
 class MetadataPurger:
-    """Deletes set-aside metadata directories in the background: ``soon`` asks for a purge,
+    """Keeps the spare metadata directories (``metadata_spares``) and deletes the extra
+    ones in the background: ``soon`` asks for a purge when there is something to delete,
     and ``run``, a service of the root supervisor (``dracpu run`` starts it as
     ``metadata-purge``), deletes in a worker thread, once as it starts (what an earlier run
     set aside and did not delete, a crash or a stop mid-purge) and then once per ask (asks
@@ -307,17 +336,20 @@ class MetadataPurger:
     left behind keeps its token, so the next one cannot run beside it, and it never holds
     a token of Trio's shared pool."""
 
-    def __init__(self, plugin_dir: str) -> None:
+    def __init__(self, plugin_dir: str, *, keep: int = MAX_SPARES) -> None:
         self.plugin_dir = plugin_dir
+        self.spares = SpareDirs(os.path.join(plugin_dir, METADATA_DIR), keep=keep)
         self._asked = Pulse()
         self._again = True  # the purge at start
         self._one_thread = trio.CapacityLimiter(1)
         self.purged = 0  # directories deleted so far
 
     def soon(self) -> None:
-        """Ask for a purge after the current one (if any). Call from the Trio thread."""
-        self._again = True
-        self._asked.fire()
+        """Ask for a purge after the current one (if any), when there is something to
+        delete. Call from the Trio thread."""
+        if self.spares.overflowing():
+            self._again = True
+            self._asked.fire()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -325,18 +357,5 @@ class MetadataPurger:
             await self._asked.wait_until(lambda: self._again)
             self._again = False
             self.purged += await trio.to_thread.run_sync(
-                purge_removed_metadata,
-                self.plugin_dir,
-                abandon_on_cancel=True,
-                limiter=self._one_thread,
+                self.spares.purge, abandon_on_cancel=True, limiter=self._one_thread
             )
-
-
-def _remove_logged(remove: Callable[[str], object], path: str, what: str) -> None:
-    """Remove ``path``; already gone is fine, any other failure is logged, never raised."""
-    try:
-        remove(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("failed to remove %s %s: %s", what, path, exc)

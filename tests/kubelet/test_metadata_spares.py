@@ -1,0 +1,269 @@
+"""Spare metadata trees: an unprepare's directory is taken by the next prepare.
+
+Each prepare+unprepare pair used to create and delete two directories and a file; on ext4
+without a journal every create then scans the inodes deleted in the last minute or more
+(metadata_tree's docstring). A spare is renamed into place and its file rewritten in
+place, so no inode is created or freed, and the purge keeps at most ``keep`` of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from dracpu.allocation.prepare import ClaimAllocation
+from dracpu.allocation.store import PreparedDevice
+from dracpu.kubelet.metadata import (
+    METADATA_DIR,
+    MetadataPurger,
+    remove_claim_metadata,
+    write_claim_metadata,
+)
+from dracpu.kubelet.metadata_tree import SPARE_PREFIX, SpareDirs
+
+UID = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
+OTHER_UID = "0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+def devices(*requests: str) -> list[PreparedDevice]:
+    return [
+        PreparedDevice(pool_name="node-a", device_name=f"cpudevnuma00{i}", request_names=(r,))
+        for i, r in enumerate(requests)
+    ]
+
+
+def claim(name: str, uid: str = UID) -> ClaimAllocation:
+    return ClaimAllocation(uid=uid, namespace="team-a", name=name)
+
+
+def tree(plugin_dir: str) -> dict[str, list[str]]:
+    root = Path(plugin_dir, METADATA_DIR)
+    return {d.name: sorted(p.name for p in d.iterdir()) for d in sorted(root.iterdir())}
+
+
+def document(plugin_dir: str, name: str, request: str) -> dict[str, object]:
+    path = Path(plugin_dir, METADATA_DIR, f"team-a_{name}", request, "metadata.json")
+    loaded: dict[str, object] = json.loads(path.read_bytes())
+    return loaded
+
+
+def inode(plugin_dir: str, name: str, request: str) -> int:
+    return os.stat(
+        Path(plugin_dir, METADATA_DIR, f"team-a_{name}", request, "metadata.json")
+    ).st_ino
+
+
+@pytest.fixture
+def purger(plugin_cdi_dirs: tuple[str, str]) -> MetadataPurger:
+    return MetadataPurger(plugin_cdi_dirs[0], keep=2)
+
+
+def test_a_prepare_takes_the_tree_an_unprepare_set_aside(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    assert write_claim_metadata(
+        plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares
+    )
+    first = inode(plugin_dir, "a", "cpus")
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    (aside,) = tree(plugin_dir)
+    assert aside.startswith(SPARE_PREFIX) and spares.count == 1
+    assert os.listdir(cdi_dir) == []
+    # Another claim: its tree is the spare, its file the same inode with its own document.
+    ids = write_claim_metadata(
+        plugin_dir, cdi_dir, claim("b", OTHER_UID), devices("cpus"), None, spares=spares
+    )
+    assert ids == {"cpus": f"dra.cpu/metadata={OTHER_UID}_cpus"}
+    assert tree(plugin_dir) == {"team-a_b": ["cpus"]}
+    assert spares.count == 0 and spares.taken == 1
+    assert inode(plugin_dir, "b", "cpus") == first
+    written = document(plugin_dir, "b", "cpus")
+    assert written["metadata"] == {
+        "name": "b",
+        "namespace": "team-a",
+        "uid": OTHER_UID,
+        "generation": 1,
+    }
+    # Exactly the new document: a longer old one leaves no tail behind.
+    path = Path(plugin_dir, METADATA_DIR, "team-a_b", "cpus", "metadata.json")
+    assert path.read_bytes().endswith(b"}\n")
+    mode = os.stat(path).st_mode
+    assert stat.S_IMODE(mode) == 0o644
+
+
+def test_a_spare_with_other_requests_is_reshaped(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(
+        plugin_dir, cdi_dir, claim("a"), devices("x", "y", "z"), None, spares=spares
+    )
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    # Two requests, neither named like the spare's three: two are renamed, one deleted.
+    ids = write_claim_metadata(
+        plugin_dir, cdi_dir, claim("b", OTHER_UID), devices("cpus", "y"), None, spares=spares
+    )
+    assert sorted(ids) == ["cpus", "y"]
+    assert tree(plugin_dir) == {"team-a_b": ["cpus", "y"]}
+    for request in ("cpus", "y"):
+        assert document(plugin_dir, "b", request)["requests"][0]["name"] == request  # type: ignore[index]
+    assert sorted(os.listdir(cdi_dir)) == [
+        f"dra.cpu_metadata_{OTHER_UID}_cpus.json",
+        f"dra.cpu_metadata_{OTHER_UID}_y.json",
+    ]
+    # And one with more requests than the spare held: the missing ones are made.
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "b", OTHER_UID, purge=False, spares=spares)
+    write_claim_metadata(
+        plugin_dir, cdi_dir, claim("c"), devices("p", "q", "r"), None, spares=spares
+    )
+    assert tree(plugin_dir) == {"team-a_c": ["p", "q", "r"]}
+    assert os.listdir(Path(plugin_dir, METADATA_DIR, "team-a_c", "r")) == ["metadata.json"]
+
+
+def test_a_live_tree_is_never_written_in_place(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    # Prepared again while its containers may run: the file is replaced (a new inode), so
+    # a container that mounts the old one never reads half a document.
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    mounted = inode(plugin_dir, "a", "cpus")
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    assert inode(plugin_dir, "a", "cpus") != mounted
+    assert spares.taken == 0
+
+
+def test_a_spare_is_never_put_where_a_claim_directory_holds_files(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    held = Path(plugin_dir, METADATA_DIR, "team-a_b")
+    held.mkdir()
+    (held / "keep").write_text("someone's")
+    assert spares.take(str(held)) is None
+    assert spares.count == 1 and (held / "keep").read_text() == "someone's"
+    # An empty directory in the way is just replaced.
+    held_empty = Path(plugin_dir, METADATA_DIR, "team-a_c")
+    held_empty.mkdir()
+    assert spares.take(str(held_empty)) == ("cpus",)
+    assert spares.count == 0
+
+
+def test_a_spare_deleted_behind_its_back_is_skipped(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    for name in ("a", "b"):
+        write_claim_metadata(plugin_dir, cdi_dir, claim(name), devices("cpus"), None, spares=spares)
+        remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares)
+    newest = max(
+        tree(plugin_dir), key=lambda n: os.stat(Path(plugin_dir, METADATA_DIR, n)).st_ctime_ns
+    )
+    os.rename(Path(plugin_dir, METADATA_DIR, newest), Path(plugin_dir, "elsewhere"))
+    write_claim_metadata(plugin_dir, cdi_dir, claim("c"), devices("cpus"), None, spares=spares)
+    assert spares.count == 0 and spares.taken == 1
+    assert tree(plugin_dir) == {"team-a_c": ["cpus"]}
+
+
+def test_the_purge_keeps_the_newest_spares_and_deletes_an_earlier_runs(
+    plugin_cdi_dirs: tuple[str, str],
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    # An earlier run's set-aside directory, unknown to this run's spares.
+    write_claim_metadata(plugin_dir, cdi_dir, claim("old"), devices("cpus"), None)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "old", UID, purge=False)
+    (earlier,) = tree(plugin_dir)
+    purger = MetadataPurger(plugin_dir, keep=2)
+    spares = purger.spares
+    names = []
+    for name in ("a", "b", "c", "d"):
+        write_claim_metadata(plugin_dir, cdi_dir, claim(name), devices("cpus"), None, spares=spares)
+    for name in ("a", "b", "c", "d"):  # four pods gone at once: four spares, oldest first
+        before = set(tree(plugin_dir))
+        remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares)
+        names += sorted(set(tree(plugin_dir)) - before)
+    assert spares.overflowing()
+    assert spares.purge() == 3  # the two oldest of this run, and the earlier run's
+    assert sorted(tree(plugin_dir)) == sorted(names[2:])
+    assert earlier not in tree(plugin_dir)
+    assert not spares.overflowing() and spares.purge() == 0
+    # The kept ones are still taken, newest first.
+    write_claim_metadata(plugin_dir, cdi_dir, claim("e"), devices("cpus"), None, spares=spares)
+    assert sorted(tree(plugin_dir)) == sorted([names[2], "team-a_e"])
+
+
+def test_keep_must_not_be_negative(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep must not be negative, not -1"):
+        SpareDirs(str(tmp_path), keep=-1)
+
+
+def test_a_symlink_in_a_spare_is_not_followed(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Whatever replaced a spare's file with a link, the write does not go through it.
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    (aside,) = tree(plugin_dir)
+    target = Path(plugin_dir, "target")
+    target.write_text("untouched")
+    link = Path(plugin_dir, METADATA_DIR, aside, "cpus", "metadata.json")
+    link.unlink()
+    link.symlink_to(target)
+    with caplog.at_level(logging.WARNING):
+        ids = write_claim_metadata(
+            plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=spares
+        )
+    assert ids == {} and os.listdir(cdi_dir) == []
+    assert target.read_text() == "untouched"
+    assert "failed to write device metadata for claim team-a/b request cpus" in caplog.text
+
+
+def test_purges_and_prepares_at_once_never_lose_a_claims_file(
+    plugin_cdi_dirs: tuple[str, str],
+) -> None:
+    # The purge deletes spares in its own thread while prepares take them: a spare is
+    # taken or deleted, never both (a deletion walks a directory by its descriptor, and
+    # would follow one renamed to a claim's path).
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    purger = MetadataPurger(plugin_dir, keep=1)
+    spares = purger.spares
+    stop = threading.Event()
+
+    def purge_all_the_time() -> None:
+        while not stop.is_set():
+            spares.purge()
+
+    purging = threading.Thread(target=purge_all_the_time)
+    purging.start()
+    try:
+        for round_ in range(150):
+            name = f"c{round_ % 7}"
+            write_claim_metadata(
+                plugin_dir, cdi_dir, claim(name), devices("cpus"), None, spares=spares
+            )
+            assert document(plugin_dir, name, "cpus")["metadata"]["name"] == name  # type: ignore[index]
+            remove_claim_metadata(
+                plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares
+            )
+    finally:
+        stop.set()
+        purging.join()
+    assert spares.taken > 0
+    spares.purge()
+    assert len(tree(plugin_dir)) <= 1 and os.listdir(cdi_dir) == []
