@@ -9,8 +9,8 @@ from a worker thread in async code, unless the directory is on tmpfs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
 
 __all__ = ["atomic_write", "ensure_dir", "fsync_dir"]
 
@@ -32,6 +32,24 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)  # makedirs' mode is filtered by the umask
 
 
+# Temp names: this process's id and a counter, tried with O_EXCL (one taken by a crashed
+# process of the same id is skipped). tempfile.mkstemp's random names cost twice as much
+# (~11 us against ~5 us on tmpfs), and a prepare writes two or three of these.
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_temp_numbers = itertools.count()  # next() on it is one C call: safe across threads
+
+
+def _temp_file(parent: str) -> tuple[int, str]:
+    """A new file ``spec.<pid>.<n>.tmp`` in ``parent``, mode 0600: its fd and path."""
+    pid = os.getpid()
+    while True:
+        path = f"{parent}/spec.{pid}.{next(_temp_numbers)}.tmp"
+        try:
+            return os.open(path, _TEMP_FLAGS, 0o600), path
+        except FileExistsError:
+            continue
+
+
 def atomic_write(
     path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o755, durable: bool = True
 ) -> None:
@@ -43,13 +61,14 @@ def atomic_write(
     nothing (the rename is atomic either way).
     """
     parent = os.path.dirname(path) or "."
-    # mkstemp creates the file 0600. The directory is made only when the temp file cannot
-    # be: a prepare then costs no stat(2) of a directory that is there every other time.
+    # The temp file is made 0600 (the umask can only narrow that). The directory is made
+    # only when the temp file cannot be: a prepare then costs no stat(2) of a directory
+    # that is there every other time.
     try:
-        fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+        fd, tmp = _temp_file(parent)
     except (FileNotFoundError, NotADirectoryError):
         ensure_dir(parent, dir_mode)  # makes it, or says what is in the way
-        fd, tmp = tempfile.mkstemp(prefix="spec.", suffix=".tmp", dir=parent)
+        fd, tmp = _temp_file(parent)
     try:
         try:
             view = memoryview(data)

