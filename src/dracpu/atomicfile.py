@@ -37,13 +37,21 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
 # (~11 us against ~5 us on tmpfs), and a prepare writes two or three of these.
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _temp_numbers = itertools.count()  # next() on it is one C call: safe across threads
+_pid = os.getpid()  # getpid(2) is a system call each time; a forked child sets its own
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _temp_file(parent: str) -> tuple[int, str]:
     """A new file ``spec.<pid>.<n>.tmp`` in ``parent``, mode 0600: its fd and path."""
-    pid = os.getpid()
     while True:
-        path = f"{parent}/spec.{pid}.{next(_temp_numbers)}.tmp"
+        path = f"{parent}/spec.{_pid}.{next(_temp_numbers)}.tmp"
         try:
             return os.open(path, _TEMP_FLAGS, 0o600), path
         except FileExistsError:

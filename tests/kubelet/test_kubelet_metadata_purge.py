@@ -2,8 +2,8 @@
 as the CDI spec that mounts it.
 
 An unprepare renames the claim's metadata directory aside (``.removed-<random>``), so the
-claim's path is free at once; ``purge_removed_metadata`` deletes what was set aside, and
-``MetadataPurger`` keeps some as spares for later prepares (tests/kubelet/
+claim's path is free at once; a new run's first purge deletes what an earlier one set
+aside, and ``MetadataPurger`` keeps some as spares for later prepares (tests/kubelet/
 test_metadata_spares.py) and deletes the others in the background.
 """
 
@@ -25,14 +25,19 @@ from dracpu.kubelet import metadata, metadata_tree
 from dracpu.kubelet.metadata import (
     METADATA_DIR,
     MetadataPurger,
-    purge_removed_metadata,
     remove_claim_metadata,
     write_claim_metadata,
 )
+from dracpu.kubelet.metadata_tree import SpareDirs
 
 UID = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
 CLAIM = ClaimAllocation(uid=UID, namespace="team-a", name="web")
 DEVICES = [PreparedDevice(pool_name="node-a", device_name="cpudevnuma000", request_names=("cpus",))]
+
+
+def purge_as_a_new_run(plugin_dir: str) -> int:
+    """What a new run's first purge deletes: every set-aside directory."""
+    return SpareDirs(os.path.join(plugin_dir, METADATA_DIR)).purge()
 
 
 def entries(plugin_dir: str) -> list[str]:
@@ -50,9 +55,9 @@ def test_removal_sets_the_claim_directory_aside_and_a_purge_deletes_it(
     assert aside.startswith(".removed-") and len(aside) == len(".removed-") + 16
     # Prepared again before any purge: the claim's path is free, and the purge keeps it.
     assert write_claim_metadata(plugin_dir, cdi_dir, CLAIM, DEVICES, None)
-    assert purge_removed_metadata(plugin_dir) == 1
+    assert purge_as_a_new_run(plugin_dir) == 1
     assert entries(plugin_dir) == ["team-a_web"]
-    assert purge_removed_metadata(plugin_dir) == 0
+    assert purge_as_a_new_run(plugin_dir) == 0
 
 
 def test_default_removal_deletes_at_once(plugin_cdi_dirs: tuple[str, str]) -> None:
@@ -83,7 +88,7 @@ def test_a_directory_that_cannot_be_set_aside_is_deleted_in_place(
 def test_nothing_to_remove_or_purge_is_fine(plugin_cdi_dirs: tuple[str, str]) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", UID, purge=False)
-    assert purge_removed_metadata(plugin_dir) == 0  # not even the metadata dir exists
+    assert purge_as_a_new_run(plugin_dir) == 0  # not even the metadata dir exists
 
 
 async def test_the_purger_deletes_in_the_background_and_again_when_asked_meanwhile(
@@ -213,7 +218,7 @@ def test_an_old_claims_unprepare_leaves_the_new_claim_of_the_same_name(
     assert os.listdir(cdi_dir) == [f"dra.cpu_metadata_{NEW_UID}_cpus.json"]
     # The new claim's own unprepare removes it.
     remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "web", NEW_UID, purge=purge)
-    assert purge_removed_metadata(plugin_dir) == (0 if purge else 1)
+    assert purge_as_a_new_run(plugin_dir) == (0 if purge else 1)
     assert entries(plugin_dir) == [] and os.listdir(cdi_dir) == []
 
 

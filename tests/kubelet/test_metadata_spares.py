@@ -19,6 +19,7 @@ import pytest
 
 from dracpu.allocation.prepare import ClaimAllocation
 from dracpu.allocation.store import PreparedDevice
+from dracpu.kubelet import metadata_tree
 from dracpu.kubelet.metadata import (
     METADATA_DIR,
     MetadataPurger,
@@ -143,7 +144,7 @@ def test_a_live_tree_is_never_written_in_place(
     assert spares.taken == 0
 
 
-def test_a_spare_is_never_put_where_a_claim_directory_holds_files(
+def test_a_claim_directory_that_is_there_is_written_live_and_no_spare_is_used(
     plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
@@ -153,13 +154,12 @@ def test_a_spare_is_never_put_where_a_claim_directory_holds_files(
     held = Path(plugin_dir, METADATA_DIR, "team-a_b")
     held.mkdir()
     (held / "keep").write_text("someone's")
-    assert spares.take(str(held)) is None
-    assert spares.count == 1 and (held / "keep").read_text() == "someone's"
-    # An empty directory in the way is just replaced.
-    held_empty = Path(plugin_dir, METADATA_DIR, "team-a_c")
-    held_empty.mkdir()
-    assert spares.take(str(held_empty)) == ("cpus",)
-    assert spares.count == 0
+    assert write_claim_metadata(
+        plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=spares
+    )
+    assert sorted(os.listdir(held)) == ["cpus", "keep"]
+    assert (held / "keep").read_text() == "someone's"
+    assert spares.count == 1 and spares.taken == 0
 
 
 def test_a_spare_deleted_behind_its_back_is_skipped(
@@ -169,14 +169,117 @@ def test_a_spare_deleted_behind_its_back_is_skipped(
     spares = purger.spares
     for name in ("a", "b"):
         write_claim_metadata(plugin_dir, cdi_dir, claim(name), devices("cpus"), None, spares=spares)
+    for name in ("a", "b"):
         remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares)
-    newest = max(
-        tree(plugin_dir), key=lambda n: os.stat(Path(plugin_dir, METADATA_DIR, n)).st_ctime_ns
+    for aside in tree(plugin_dir):
+        os.rename(Path(plugin_dir, METADATA_DIR, aside), Path(plugin_dir, aside))
+        break  # one of the two is gone
+    assert write_claim_metadata(
+        plugin_dir, cdi_dir, claim("c"), devices("cpus"), None, spares=spares
     )
-    os.rename(Path(plugin_dir, METADATA_DIR, newest), Path(plugin_dir, "elsewhere"))
-    write_claim_metadata(plugin_dir, cdi_dir, claim("c"), devices("cpus"), None, spares=spares)
     assert spares.count == 0 and spares.taken == 1
     assert tree(plugin_dir) == {"team-a_c": ["cpus"]}
+
+
+def test_a_crash_mid_build_leaves_no_claim_path_and_the_next_run_deletes_the_tree(
+    plugin_cdi_dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Killed between taking a spare and renaming it into place: the claim's path holds
+    # nothing (least of all the earlier claim's document), and a kubelet retry builds anew.
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = MetadataPurger(plugin_dir).spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+
+    class Killed(BaseException):
+        pass
+
+    def killed(path: str, data: bytes, *, durable: bool) -> None:
+        raise Killed
+
+    monkeypatch.setattr(metadata_tree, "_write_in_place", killed)
+    with pytest.raises(Killed):
+        write_claim_metadata(plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=spares)
+    monkeypatch.undo()
+    (left,) = tree(plugin_dir)
+    assert left.startswith(SPARE_PREFIX) and os.listdir(cdi_dir) == []
+    # The next run: its first purge deletes the half-built tree, and the retry writes.
+    again = MetadataPurger(plugin_dir).spares
+    assert again.purge() == 1 and tree(plugin_dir) == {}
+    assert write_claim_metadata(
+        plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=again
+    )
+    assert document(plugin_dir, "b", "cpus")["metadata"]["name"] == "b"  # type: ignore[index]
+
+
+def test_a_tree_that_cannot_be_reshaped_is_deleted_and_every_request_reported(
+    plugin_cdi_dirs: tuple[str, str],
+    purger: MetadataPurger,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("x"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    rename = os.rename
+
+    def no_space(src: str, dst: str) -> None:
+        if os.path.basename(dst) == "cpus":
+            raise OSError(28, "No space left on device")
+        rename(src, dst)
+
+    monkeypatch.setattr(metadata_tree.os, "rename", no_space)
+    with caplog.at_level(logging.WARNING):
+        ids = write_claim_metadata(
+            plugin_dir, cdi_dir, claim("b"), devices("cpus", "pool"), None, spares=spares
+        )
+    monkeypatch.undo()
+    assert ids == {} and tree(plugin_dir) == {} and os.listdir(cdi_dir) == []
+    for request in ("cpus", "pool"):
+        assert f"claim team-a/b request {request}: [Errno 28] No space left" in caplog.text
+
+
+def test_a_request_that_cannot_be_written_is_left_out_of_the_tree(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_in_place = metadata_tree._write_in_place
+
+    def refuse_pool(path: str, data: bytes, *, durable: bool) -> None:
+        if "/pool/" in path:
+            raise OSError(5, "Input/output error")
+        write_in_place(path, data, durable=durable)
+
+    monkeypatch.setattr(metadata_tree, "_write_in_place", refuse_pool)
+    ids = write_claim_metadata(
+        plugin_dir, cdi_dir, claim("a"), devices("cpus", "pool"), None, spares=spares
+    )
+    assert list(ids) == ["cpus"]
+    assert tree(plugin_dir) == {"team-a_a": ["cpus"]}
+    assert os.listdir(cdi_dir) == [f"dra.cpu_metadata_{UID}_cpus.json"]
+
+
+def test_specs_of_requests_another_claim_took_over_are_still_removed(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    # The review's sequence: A (r1, r2) deleted and created again as B (r1), B prepared
+    # before A's unprepare and unprepared first. A's unprepare then finds only r2 in the
+    # directory, yet its spec for r1 must go too.
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("c"), devices("r1", "r2"), None, spares=spares)
+    b = claim("c", OTHER_UID)
+    write_claim_metadata(plugin_dir, cdi_dir, b, devices("r1"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "c", OTHER_UID, purge=False, spares=spares)
+    assert sorted(os.listdir(cdi_dir)) == [
+        f"dra.cpu_metadata_{UID}_r1.json",
+        f"dra.cpu_metadata_{UID}_r2.json",
+    ]
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "c", UID, purge=False, spares=spares)
+    assert os.listdir(cdi_dir) == []
+    assert all(name.startswith(SPARE_PREFIX) for name in tree(plugin_dir))
 
 
 def test_the_purge_keeps_the_newest_spares_and_deletes_an_earlier_runs(

@@ -248,8 +248,8 @@ class DRAService:
             purge=False,
             spares=purger.spares if purger is not None else None,
         )
-        requests = await self._metadata_io(remove, self.plugin_data_dir, namespace, name, claim_uid)
-        await self._file_io(remove_metadata_specs, self.cdi_dir, claim_uid, requests)
+        await self._metadata_io(remove, self.plugin_data_dir, namespace, name, claim_uid)
+        await self._file_io(remove_metadata_specs, self.cdi_dir, claim_uid)
         if purger is not None:
             purger.soon()
 

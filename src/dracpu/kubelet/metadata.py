@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,7 +42,6 @@ from dracpu.devices.model import ATTR_ALLOCATED_NUM_CPUS
 from dracpu.k8s.names import is_dns1123_label, is_dns1123_subdomain
 from dracpu.kubelet.metadata_tree import (
     MAX_SPARES,
-    SPARE_PREFIX,
     SpareDirs,
     remove_logged,
     remove_metadata_tree,
@@ -57,7 +55,6 @@ __all__ = [
     "MetadataPurger",
     "metadata_document",
     "metadata_files",
-    "purge_removed_metadata",
     "remove_claim_metadata",
     "remove_metadata_files",
     "remove_metadata_specs",
@@ -186,7 +183,8 @@ def write_metadata_specs(
         spec = metadata_spec(claim.uid, claim.name, request, host_path)
         path = f"{cdi_dir}/{metadata_spec_name(claim.uid, request)}"
         try:
-            # msgspec's indented form is json.dumps(indent=2)'s, without its Python encoder.
+            # msgspec's indented form is json.dumps(indent=2)'s (UTF-8 where it escapes),
+            # without its Python encoder.
             atomic_write(path, msgspec.json.format(msgspec.json.encode(spec)), durable=durable)
         except OSError as exc:
             _write_failed(claim, request, exc)
@@ -207,8 +205,8 @@ def write_claim_metadata(
 ) -> dict[str, str]:
     """Write each request's metadata file and CDI spec; base request -> CDI id written.
 
-    The three steps in one call (the DRA service runs the file step in a worker thread and
-    the spec step where the claim's CDI spec is written). A request whose files could not
+    Both steps in one call (the DRA service runs the file step in a worker thread and the
+    spec step where the claim's CDI spec is written). A request whose files could not
     be written is logged and left out of the result. ``spec_durable=False`` writes the CDI
     spec and the metadata file without fsyncs (a CDI dir on tmpfs, as /var/run/cdi is on a
     node). With ``spares``, a claim whose directory does not exist takes a spare one
@@ -264,33 +262,28 @@ def remove_metadata_files(
     *,
     purge: bool,
     spares: SpareDirs | None,
-) -> list[str] | None:
-    """The file step of ``remove_claim_metadata``: the request directories the claim's
-    directory held, None when there was none to list."""
+) -> None:
+    """The file step of ``remove_claim_metadata``."""
     claim_dir = _claim_dir(plugin_dir, namespace, name)
-    if claim_dir is None:
-        return None
-    return remove_metadata_tree(claim_dir, uid, purge=purge, spares=spares)
+    if claim_dir is not None:
+        remove_metadata_tree(claim_dir, uid, purge=purge, spares=spares)
 
 
-def remove_metadata_specs(cdi_dir: str, uid: str, requests: Sequence[str] | None) -> None:
-    """Delete the claim's metadata CDI specs: one per request directory its metadata
-    directory held (a spec is only written after its file), or, when that directory was
-    not there to list, every spec named for the claim's UID."""
+def remove_metadata_specs(cdi_dir: str, uid: str) -> None:
+    """Delete every metadata CDI spec named for the claim's UID. The directory is listed:
+    the claim's metadata directory cannot say which specs it wrote, as a claim of the
+    same name may have taken over some of its requests' directories (and then removed
+    them at its own unprepare)."""
     if not _uid_ok(uid):
         return
-    if requests is not None:
-        names = [metadata_spec_name(uid, r) for r in requests]
-    else:
-        # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a
-        # pattern per claim made the daemon's memory grow with every claim unprepared.
-        prefix = metadata_spec_prefix(uid)
-        try:
-            listed = os.listdir(cdi_dir)
-        except OSError:
-            listed = []
-        names = [n for n in listed if n.startswith(prefix) and n.endswith(".json")]
-    for name in names:
+    # Not glob: fnmatch caches every distinct pattern (up to 32,768 of them), so a pattern
+    # per claim made the daemon's memory grow with every claim ever unprepared.
+    prefix = metadata_spec_prefix(uid)
+    try:
+        listed = os.listdir(cdi_dir)
+    except OSError:
+        listed = []
+    for name in (n for n in listed if n.startswith(prefix) and n.endswith(".json")):
         remove_logged(os.unlink, f"{cdi_dir}/{name}", "device metadata spec")
 
 
@@ -309,25 +302,12 @@ def remove_claim_metadata(
     ``purge=False`` sets the directory aside instead of deleting it
     (``metadata_tree.remove_metadata_tree``).
     """
-    requests = remove_metadata_files(plugin_dir, namespace, name, uid, purge=purge, spares=spares)
-    remove_metadata_specs(cdi_dir, uid, requests)
-
-
-def purge_removed_metadata(plugin_dir: str) -> int:
-    """Delete every claim directory ``remove_claim_metadata`` set aside (also those of an
-    earlier run); the number deleted. Problems are logged."""
-    root = os.path.join(plugin_dir, METADATA_DIR)
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(SPARE_PREFIX)]
-    except OSError:
-        return 0
-    for name in names:
-        remove_logged(shutil.rmtree, os.path.join(root, name), "device metadata")
-    return len(names)
+    remove_metadata_files(plugin_dir, namespace, name, uid, purge=purge, spares=spares)
+    remove_metadata_specs(cdi_dir, uid)
 
 
 class MetadataPurger:
-    """Keeps the spare metadata directories (``metadata_spares``) and deletes the extra
+    """Keeps the spare metadata directories (``metadata_tree``) and deletes the extra
     ones in the background: ``soon`` asks for a purge when there is something to delete,
     and ``run``, a service of the root supervisor (``dracpu run`` starts it as
     ``metadata-purge``), deletes in a worker thread, once as it starts (what an earlier run

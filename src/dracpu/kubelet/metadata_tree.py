@@ -12,31 +12,34 @@ measured there, against 20 us for the same tree taken from a spare.
 
 So an unprepare renames the claim's directory to ``.removed-<random>`` (one rename, the
 claim's path is free at once) and records it here as a spare with the request directories
-it holds. A prepare of a claim whose directory does not exist renames a spare into place
-and rewrites the files in it (``write_metadata_tree``): no inode is created or freed. At
-most ``MAX_SPARES`` are kept; ``purge`` deletes the oldest beyond that, and, the first
-time, whatever an earlier run set aside (spares are only known to the run that made them).
+it holds. A prepare of a claim whose directory does not exist takes the newest spare,
+reshapes it to the claim's requests, rewrites its files in place and renames it to the
+claim's path (``SpareDirs.build``): no inode is created or freed. Without a spare, the new
+tree is built the same way under a new spare name. At most ``MAX_SPARES`` are kept;
+``purge`` deletes the oldest beyond that, and, the first time, whatever an earlier run
+left (spares are only known to the run that made them, and a crash mid-build leaves one).
 
 The files of a spare are rewritten in place, which a reader could see half done. Nobody
-reads them: the metadata spec that mounts a file is written after the file, and the old
-claim's containers are gone before its unprepare (the kubelet unprepares a pod's claims
-once the pod is terminated, when none of its containers runs), so its bind mounts of the
-old inodes are gone too.
+reads them: the tree only gets the claim's path once complete, the metadata spec that
+mounts a file is written after that, and the old claim's containers are gone before its
+unprepare (the kubelet unprepares a pod's claims once the pod is terminated, when none of
+its containers runs), so its bind mounts of the old inodes are gone too. Until reused or
+purged, a spare holds an earlier claim's document (its names and UID), in the plugin's
+data dir where it was before.
 
 Thread safety: the metadata writes and removals run one at a time (inline on the event
-loop, or in one batch thread), and the purge runs in a thread of its own. Every rename
-into or out of the spares' names happens under one lock, and the purge picks the
-directories it deletes under that lock, so a spare is never taken while it is being
-deleted (a deletion walks a directory by its descriptor and would follow it to the
-claim's path).
+loop, or in one batch thread), and the purge runs in a thread of its own. A spare leaves
+the pool, or a new tree's name is made, under one lock, and the name stays checked out
+until the tree is renamed into place; the purge picks what it deletes under that lock,
+never a checked-out name. So a tree is never built while it is being deleted (a deletion
+walks a directory by its descriptor and would follow it to the claim's path).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import secrets
+import random
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -66,7 +69,9 @@ MAX_SPARES = 64
 
 
 def spare_name() -> str:
-    return SPARE_PREFIX + secrets.token_hex(8)
+    # Unguessability is not needed (the directory is ours, and a name in use only makes
+    # the rename fail, logged): random's generator spares a getrandom(2) per unprepare.
+    return f"{SPARE_PREFIX}{random.getrandbits(64):016x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,7 @@ class SpareDirs:
         self._keep = keep
         self._lock = threading.Lock()
         self._spares: list[_Spare] = []  # oldest first
+        self._building: set[str] = set()  # names of trees being built: never purged
         self._orphans_purged = False
         self.taken = 0  # spares taken by prepares so far (for tests and benchmarks)
 
@@ -112,35 +118,96 @@ class SpareDirs:
             self._spares.append(_Spare(name, tuple(requests)))
         return True
 
-    def take(self, claim_dir: str) -> tuple[str, ...] | None:
-        """Rename the newest spare to ``claim_dir``; the request directories in it. None
-        when there is no spare, or ``claim_dir`` holds something (it is left alone)."""
+    def _check_out(self) -> tuple[str, tuple[str, ...] | None]:
+        """A name to build a tree under, kept from any purge until ``_check_in``: the
+        newest spare's that is still there, with its request directories, or a new name
+        (None: no directory exists yet)."""
         with self._lock:
             while self._spares:
                 spare = self._spares.pop()
-                try:
-                    # Replaces an empty directory at claim_dir; fails on one with entries.
-                    os.rename(os.path.join(self.root, spare.name), claim_dir)
-                except FileNotFoundError:
-                    continue  # deleted by someone else: try the next one
-                except OSError:
-                    self._spares.append(spare)
-                    return None
+                if os.path.isdir(os.path.join(self.root, spare.name)):
+                    self._building.add(spare.name)
+                    return spare.name, spare.requests
+                # Deleted behind our back: the next one.
+            name = spare_name()
+            self._building.add(name)
+            return name, None
+
+    def _check_in(self, name: str) -> None:
+        with self._lock:
+            self._building.discard(name)
+
+    def build(
+        self,
+        claim_dir: str,
+        files: Sequence[tuple[str, bytes]],
+        *,
+        durable: bool,
+        failed: Callable[[str, OSError], None],
+    ) -> list[str]:
+        """Build the claim's tree under a spare's name (the newest spare's, reshaped, or a
+        new directory) and rename it to ``claim_dir``, which must not exist, once its files
+        are written; the requests written (a request that cannot be written is passed to
+        ``failed`` and its directory left out; with none written the tree is deleted). A
+        crash before the rename leaves only a spare-named directory, which the next run's
+        first purge deletes: the claim's path never holds a half-built tree, nor an
+        earlier claim's document."""
+        name, held = self._check_out()
+        building = os.path.join(self.root, name)
+        requests = [r for r, _ in files]
+        written: list[str] = []
+        reported: list[str] = []  # requests already passed to failed
+        try:
+            if held is None:
+                ensure_dir(self.root)
+                _make_dir(building)
+                held = ()
+            else:
                 self.taken += 1
-                return spare.requests
-        return None
+            _reshape(building, requests, held)
+            for request, data in files:
+                try:
+                    _write_in_place(f"{building}/{request}/metadata.json", data, durable=durable)
+                except OSError as exc:
+                    failed(request, exc)
+                    reported.append(request)
+                    remove_logged(shutil.rmtree, f"{building}/{request}", "device metadata")
+                    continue
+                written.append(request)
+            if written:
+                if durable:
+                    for path in (*(f"{building}/{r}" for r in written), building):
+                        fsync_dir(path)
+                os.rename(building, claim_dir)  # into place, whole
+                if durable:
+                    fsync_dir(self.root)
+        except OSError as exc:  # the tree itself: nothing of it is used
+            for request in requests:
+                if request not in reported:
+                    failed(request, exc)
+            written = []
+        finally:
+            self._check_in(name)
+        if not written and os.path.lexists(building):
+            remove_logged(shutil.rmtree, building, "device metadata")
+        return written
 
     def _victims(self) -> list[str]:
+        # Listed outside the lock (a slow directory must not hold up prepares); a name
+        # listed that is taken meanwhile is in neither set below once it is back in the
+        # pool or renamed to a claim's path, and deleting a path that is gone is nothing.
+        listed: list[str] = []
+        if not self._orphans_purged:
+            try:
+                listed = os.listdir(self.root)
+            except OSError:
+                listed = []
         with self._lock:
             names = [s.name for s in self._spares[: max(0, len(self._spares) - self._keep)]]
             del self._spares[: len(names)]
             if not self._orphans_purged:
                 self._orphans_purged = True
-                known = {s.name for s in self._spares}.union(names)
-                try:
-                    listed = os.listdir(self.root)
-                except OSError:
-                    listed = []
+                known = {s.name for s in self._spares} | self._building | set(names)
                 names += [n for n in listed if n.startswith(SPARE_PREFIX) and n not in known]
         return names
 
@@ -167,70 +234,40 @@ def write_metadata_tree(
     """Write each ``(request, document)`` to ``claim_dir/<request>/metadata.json``; the
     requests written. A request that cannot be written is passed to ``failed``.
 
-    In a tree this call made (or took from ``spares``) the files are written in place: no
+    A claim without a directory gets a whole new tree (``SpareDirs.build``: a spare's, or
+    a new one), its files written in place before it is renamed to the claim's path: no
     container mounts them before their CDI spec exists, and the spec is written after the
-    file. A claim directory that was already there (the same claim prepared again, or a
-    claim of the same name not yet unprepared) is live: its files are replaced with a
-    rename, so a reader never sees half a file. ``durable`` adds the fsyncs.
+    file. A claim directory that is there (the same claim prepared again, or a claim of
+    the same name not yet unprepared) is live: its files are replaced with a rename, so a
+    reader never sees half a file. ``durable`` adds the fsyncs.
     """
-    requests = [r for r, _ in files]
-    try:
-        fresh = _open_tree(claim_dir, requests, spares)
-    except OSError as exc:
-        for request in requests:
-            failed(request, exc)
-        return []
+    if not os.path.lexists(claim_dir):
+        builder = spares if spares is not None else SpareDirs(os.path.dirname(claim_dir))
+        return builder.build(claim_dir, files, durable=durable, failed=failed)
     written: list[str] = []
     for request, data in files:
-        path = f"{claim_dir}/{request}/metadata.json"
         try:
-            if fresh:
-                _write_in_place(path, data, durable=durable)
-            else:
-                atomic_write(path, data, mode=0o644, durable=durable)
+            atomic_write(f"{claim_dir}/{request}/metadata.json", data, mode=0o644, durable=durable)
         except OSError as exc:
             failed(request, exc)
             continue
         written.append(request)
-    if fresh and durable:
-        # The tree's own entries: the request directories, the claim's, the metadata dir.
-        tree = (*(os.path.join(claim_dir, r) for r in written), claim_dir)
-        for path in (*tree, os.path.dirname(claim_dir)):
-            with contextlib.suppress(OSError):
-                fsync_dir(path)
     return written
 
 
-def _open_tree(claim_dir: str, requests: Sequence[str], spares: SpareDirs | None) -> bool:
-    """Make sure ``claim_dir/<request>`` exists for each request; True when this call made
-    the claim's directory or took it from the spares (the files in it are nobody's yet),
-    False when it was already there (the request directories are then made as needed by
-    ``atomic_write``). Raises OSError."""
-    held = spares.take(claim_dir) if spares is not None else None
-    if held is None:
-        try:
-            _make_dir(claim_dir)
-        except FileExistsError:
-            return False
-        except FileNotFoundError:
-            ensure_dir(os.path.dirname(claim_dir))
-            try:
-                _make_dir(claim_dir)
-            except FileExistsError:
-                return False
-        held = ()
+def _reshape(tree: str, requests: Sequence[str], held: Sequence[str]) -> None:
+    """Give ``tree`` exactly one directory per request: those it holds are kept, the
+    others renamed to the missing ones, made, or deleted. Raises OSError."""
     unused = [r for r in held if r not in requests]
     for request in requests:
         if request in held:
             continue
-        path = os.path.join(claim_dir, request)
         if unused:
-            os.rename(os.path.join(claim_dir, unused.pop()), path)
+            os.rename(f"{tree}/{unused.pop()}", f"{tree}/{request}")
         else:
-            _make_dir(path)
+            _make_dir(f"{tree}/{request}")
     for request in unused:
-        remove_logged(shutil.rmtree, os.path.join(claim_dir, request), "device metadata")
-    return True
+        shutil.rmtree(f"{tree}/{request}")
 
 
 def _make_dir(path: str) -> None:
@@ -270,16 +307,15 @@ def _write_in_place(path: str, data: bytes, *, durable: bool) -> None:
 
 def remove_metadata_tree(
     claim_dir: str, uid: str, *, purge: bool, spares: SpareDirs | None
-) -> list[str] | None:
+) -> None:
     """Remove the claim's directory, leaving any request in it that another claim of the
-    same namespace and name wrote; the request directories it held (None when it could
-    not be listed: not there, or unreadable). Problems are logged.
+    same namespace and name wrote. Problems are logged.
 
     ``purge=False`` sets the directory aside as a spare in ``spares`` (a later prepare
-    takes it, or the purge deletes it), or, without ``spares``, for
-    ``metadata.purge_removed_metadata`` to delete: the claim's path is free at once, and
-    the unprepare does not wait for the deletions (on ext4 mounted with ``discard``, as
-    many cloud images are, each rmdir(2) waits about 1-3 ms, and a claim's tree has two).
+    takes it, or the purge deletes it; without ``spares``, the next run's first purge):
+    the claim's path is free at once, and the unprepare does not wait for the deletions
+    (on ext4 mounted with ``discard``, as many cloud images are, each rmdir(2) waits
+    about 1-3 ms, and a claim's tree has two).
 
     The directory is named after the claim's namespace and name, not its UID: that is the
     layout of the upstream kubelet plugin helper (k8s.io/dynamic-resource-allocation,
@@ -293,14 +329,14 @@ def remove_metadata_tree(
     try:
         requests = os.listdir(claim_dir)
     except OSError:
-        return None
+        return
     others = [r for r in requests if _written_for_another(claim_dir, r, uid)]
     if not others:
         if spares is None:
-            spares = SpareDirs(os.path.dirname(claim_dir))  # set aside for a purge
+            spares = SpareDirs(os.path.dirname(claim_dir))  # for the next run's purge
         if purge or not spares.set_aside(claim_dir, requests):
             remove_logged(shutil.rmtree, claim_dir, "device metadata")
-        return requests
+        return
     log.info(
         "device metadata of %s kept for requests %s: another claim of the same name wrote it",
         claim_dir,
@@ -309,7 +345,6 @@ def remove_metadata_tree(
     for request in requests:
         if request not in others:
             remove_logged(shutil.rmtree, os.path.join(claim_dir, request), "device metadata")
-    return requests
 
 
 class _Claim(msgspec.Struct):
