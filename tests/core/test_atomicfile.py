@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
+from dracpu import atomicfile
 from dracpu.atomicfile import atomic_write
 
 
@@ -41,3 +43,32 @@ def test_a_file_in_the_way_of_the_parent_is_named(tmp_path: Path) -> None:
         atomic_write(str(tmp_path / "file" / "cdi" / "x.json"), b"one")
     assert info.value.filename == str(tmp_path / "file" / "cdi")
     assert os.listdir(tmp_path) == ["file"]
+
+
+def test_a_stale_temp_file_in_the_way_is_stepped_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Temp names are the pid and a counter: a crashed process of the same pid may have
+    # left one. It is neither reused nor touched.
+    monkeypatch.setattr(atomicfile, "_temp_numbers", itertools.count(5))
+    stale = tmp_path / f"spec.{os.getpid()}.5.tmp"
+    stale.write_bytes(b"left by a crash")
+    atomic_write(str(tmp_path / "x.json"), b"new", durable=False)
+    assert (tmp_path / "x.json").read_bytes() == b"new"
+    assert stale.read_bytes() == b"left by a crash"
+    assert sorted(os.listdir(tmp_path)) == [stale.name, "x.json"]
+
+
+def test_a_forked_child_names_temp_files_with_its_own_pid() -> None:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, b"1" if atomicfile._pid == os.getpid() else b"0")
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(child, 0)
+    assert atomicfile._pid == os.getpid()
