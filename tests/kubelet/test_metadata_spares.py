@@ -169,11 +169,13 @@ def test_a_spare_deleted_behind_its_back_is_skipped(
     spares = purger.spares
     for name in ("a", "b"):
         write_claim_metadata(plugin_dir, cdi_dir, claim(name), devices("cpus"), None, spares=spares)
+    set_aside = []
     for name in ("a", "b"):
+        before = set(tree(plugin_dir))
         remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares)
-    for aside in tree(plugin_dir):
-        os.rename(Path(plugin_dir, METADATA_DIR, aside), Path(plugin_dir, aside))
-        break  # one of the two is gone
+        set_aside += sorted(set(tree(plugin_dir)) - before)
+    newest = set_aside[-1]  # the one a prepare takes first
+    os.rename(Path(plugin_dir, METADATA_DIR, newest), Path(plugin_dir, newest))
     assert write_claim_metadata(
         plugin_dir, cdi_dir, claim("c"), devices("cpus"), None, spares=spares
     )
