@@ -9,8 +9,8 @@ from a worker thread in async code, unless the directory is on tmpfs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
+import random
 
 __all__ = ["atomic_write", "ensure_dir", "fsync_dir"]
 
@@ -32,26 +32,19 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
     os.chmod(path, mode)  # makedirs' mode is filtered by the umask
 
 
-# Temp names: this process's id and a counter, tried with O_EXCL (one taken by a crashed
-# process of the same id is skipped). tempfile.mkstemp's random names cost twice as much
-# (~11 us against ~5 us on tmpfs), and a prepare writes two or three of these.
+# Temp names ``spec.<random>.tmp`` (behavior.md §10.1), tried with O_EXCL: a name in use
+# (left by a crash, or drawn twice) is passed over. 64 bits from ``random`` need no
+# system call; tempfile.mkstemp's names cost twice as much (~11 us against ~5 us on tmpfs)
+# and a prepare writes two or three of these. Nothing here needs them unguessable: the
+# directories are root's, and O_EXCL with O_NOFOLLOW never opens what another put there.
+# (``random`` reseeds itself in a forked child.)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_temp_numbers = itertools.count()  # next() on it is one C call: safe across threads
-_pid = os.getpid()  # getpid(2) is a system call each time; a forked child sets its own
-
-
-def _forked() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 def _temp_file(parent: str) -> tuple[int, str]:
-    """A new file ``spec.<pid>.<n>.tmp`` in ``parent``, mode 0600: its fd and path."""
+    """A new file ``spec.<random>.tmp`` in ``parent``, mode 0600: its fd and path."""
     while True:
-        path = f"{parent}/spec.{_pid}.{next(_temp_numbers)}.tmp"
+        path = f"{parent}/spec.{random.getrandbits(64):016x}.tmp"
         try:
             return os.open(path, _TEMP_FLAGS, 0o600), path
         except FileExistsError:

@@ -372,3 +372,83 @@ def test_purges_and_prepares_at_once_never_lose_a_claims_file(
     assert spares.taken > 0
     spares.purge()
     assert len(tree(plugin_dir)) <= 1 and os.listdir(cdi_dir) == []
+
+
+def spare_file(plugin_dir: str, request: str = "cpus") -> Path:
+    """The metadata file of the one spare in the plugin dir."""
+    (aside,) = tree(plugin_dir)
+    return Path(plugin_dir, METADATA_DIR, aside, request, "metadata.json")
+
+
+def test_a_fifo_in_a_spare_is_refused_without_hanging(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Opening a FIFO to write waits for a reader: the metadata thread, and every prepare
+    # and unprepare behind it, would wait for ever. Not a regular file: refused at once.
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    fifo = spare_file(plugin_dir)
+    fifo.unlink()
+    os.mkfifo(fifo)
+    with caplog.at_level(logging.WARNING):
+        ids = write_claim_metadata(
+            plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=spares
+        )
+    assert ids == {} and tree(plugin_dir) == {} and os.listdir(cdi_dir) == []
+    # With no reader the open fails at once (ENXIO); with one, the file type is refused.
+    assert "failed to write device metadata for claim team-a/b request cpus" in caplog.text
+
+
+def test_an_unprepare_reading_a_fifo_does_not_hang(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
+    path = Path(plugin_dir, METADATA_DIR, "team-a_a", "cpus", "metadata.json")
+    path.unlink()
+    os.mkfifo(path)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    # Unreadable is taken for the claim's own: set aside like any other.
+    assert "team-a_a" not in tree(plugin_dir) and spares.count == 1
+
+
+def test_a_stray_file_in_a_spare_is_removed_while_reshaping(
+    plugin_cdi_dirs: tuple[str, str], purger: MetadataPurger
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = purger.spares
+    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("x"), None, spares=spares)
+    Path(plugin_dir, METADATA_DIR, "team-a_a", "stray").write_text("not a request")
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    ids = write_claim_metadata(
+        plugin_dir, cdi_dir, claim("b"), devices("cpus"), None, spares=spares
+    )
+    assert list(ids) == ["cpus"]
+    assert tree(plugin_dir) == {"team-a_b": ["cpus"]}
+
+
+def test_a_tree_in_place_is_kept_when_only_its_parent_cannot_be_synced(
+    plugin_cdi_dirs: tuple[str, str],
+    purger: MetadataPurger,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    root = os.path.join(plugin_dir, METADATA_DIR)
+    fsync_dir = metadata_tree.fsync_dir
+
+    def root_fails(path: str) -> None:
+        if path == root:
+            raise OSError(5, "Input/output error")
+        fsync_dir(path)
+
+    monkeypatch.setattr(metadata_tree, "fsync_dir", root_fails)
+    with caplog.at_level(logging.WARNING):
+        ids = write_claim_metadata(
+            plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=purger.spares
+        )
+    assert list(ids) == ["cpus"] and tree(plugin_dir) == {"team-a_a": ["cpus"]}
+    assert "failed to sync device metadata directory" in caplog.text

@@ -14,10 +14,12 @@ So an unprepare renames the claim's directory to ``.removed-<random>`` (one rena
 claim's path is free at once) and records it here as a spare with the request directories
 it holds. A prepare of a claim whose directory does not exist takes the newest spare,
 reshapes it to the claim's requests, rewrites its files in place and renames it to the
-claim's path (``SpareDirs.build``): no inode is created or freed. Without a spare, the new
-tree is built the same way under a new spare name. At most ``MAX_SPARES`` are kept;
-``purge`` deletes the oldest beyond that, and, the first time, whatever an earlier run
-left (spares are only known to the run that made them, and a crash mid-build leaves one).
+claim's path (``SpareDirs.build``): no inode is created or freed when the spare held the
+claim's requests (other request directories are renamed, made or deleted). Without a
+spare, the new tree is built the same way under a new spare name. At most ``MAX_SPARES``
+are kept; ``purge`` deletes the oldest beyond that, and, the first time, whatever an
+earlier run left (spares are only known to the run that made them, and a crash mid-build
+leaves one).
 
 The files of a spare are rewritten in place, which a reader could see half done. Nobody
 reads them: the tree only gets the claim's path once complete, the metadata spec that
@@ -30,17 +32,20 @@ data dir where it was before.
 Thread safety: the metadata writes and removals run one at a time (inline on the event
 loop, or in one batch thread), and the purge runs in a thread of its own. A spare leaves
 the pool, or a new tree's name is made, under one lock, and the name stays checked out
-until the tree is renamed into place; the purge picks what it deletes under that lock,
+until the tree is renamed into place (or deleted, if it failed); the purge picks what it
+deletes under that lock,
 never a checked-out name. So a tree is never built while it is being deleted (a deletion
 walks a directory by its descriptor and would follow it to the claim's path).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,53 +154,62 @@ class SpareDirs:
         new directory) and rename it to ``claim_dir``, which must not exist, once its files
         are written; the requests written (a request that cannot be written is passed to
         ``failed`` and its directory left out; with none written the tree is deleted). A
-        crash before the rename leaves only a spare-named directory, which the next run's
-        first purge deletes: the claim's path never holds a half-built tree, nor an
-        earlier claim's document."""
+        crash of dracpu before the rename leaves only a spare-named directory, which the
+        next run's first purge deletes: the claim's path never holds a half-built tree,
+        nor an earlier claim's document. (A crash of the kernel can: without ``durable``
+        the overwritten file may come back with its old bytes. Nothing mounts it before
+        the kubelet prepares the claim again, which rewrites it; an unprepare without
+        that prepare takes the old document for another claim's and leaves the tree.)"""
         name, held = self._check_out()
         building = os.path.join(self.root, name)
         requests = [r for r, _ in files]
         written: list[str] = []
         reported: list[str] = []  # requests already passed to failed
         try:
-            if held is None:
-                ensure_dir(self.root)
-                _make_dir(building)
-                held = ()
-            else:
-                self.taken += 1
-            _reshape(building, requests, held)
-            for request, data in files:
-                try:
-                    _write_in_place(f"{building}/{request}/metadata.json", data, durable=durable)
-                except OSError as exc:
-                    failed(request, exc)
-                    reported.append(request)
-                    remove_logged(shutil.rmtree, f"{building}/{request}", "device metadata")
-                    continue
-                written.append(request)
-            if written:
-                if durable:
-                    for path in (*(f"{building}/{r}" for r in written), building):
-                        fsync_dir(path)
-                os.rename(building, claim_dir)  # into place, whole
-                if durable:
-                    fsync_dir(self.root)
-        except OSError as exc:  # the tree itself: nothing of it is used
-            for request in requests:
-                if request not in reported:
-                    failed(request, exc)
-            written = []
+            try:
+                if held is None:
+                    ensure_dir(self.root)
+                    _make_dir(building)
+                    held = ()
+                else:
+                    self.taken += 1
+                _reshape(building, requests, held)
+                for request, data in files:
+                    try:
+                        path = f"{building}/{request}/metadata.json"
+                        _write_in_place(path, data, durable=durable)
+                    except OSError as exc:
+                        failed(request, exc)
+                        reported.append(request)
+                        remove_logged(shutil.rmtree, f"{building}/{request}", "device metadata")
+                        continue
+                    written.append(request)
+                if written:
+                    if durable:
+                        for path in (*(f"{building}/{r}" for r in written), building):
+                            fsync_dir(path)
+                    os.rename(building, claim_dir)  # into place, whole
+            except OSError as exc:  # the tree itself: nothing of it is used
+                for request in requests:
+                    if request not in reported:
+                        failed(request, exc)
+                written = []
+            if not written and os.path.lexists(building):
+                # Still checked out: no purge deletes it beside us.
+                remove_logged(shutil.rmtree, building, "device metadata")
         finally:
             self._check_in(name)
-        if not written and os.path.lexists(building):
-            remove_logged(shutil.rmtree, building, "device metadata")
+        if written and durable:
+            try:
+                fsync_dir(self.root)
+            except OSError as exc:  # the tree is in place, only not yet durable
+                log.warning("failed to sync device metadata directory %s: %s", self.root, exc)
         return written
 
     def _victims(self) -> list[str]:
-        # Listed outside the lock (a slow directory must not hold up prepares); a name
-        # listed that is taken meanwhile is in neither set below once it is back in the
-        # pool or renamed to a claim's path, and deleting a path that is gone is nothing.
+        # Listed outside the lock (a slow directory must not hold up prepares). A name
+        # listed and then taken is, under the lock below, still being built (skipped) or
+        # gone from its path (renamed to a claim's, or deleted): deleting it is nothing.
         listed: list[str] = []
         if not self._orphans_purged:
             try:
@@ -262,12 +276,24 @@ def _reshape(tree: str, requests: Sequence[str], held: Sequence[str]) -> None:
     for request in requests:
         if request in held:
             continue
-        if unused:
-            os.rename(f"{tree}/{unused.pop()}", f"{tree}/{request}")
+        while unused:
+            entry = f"{tree}/{unused.pop()}"
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                os.rename(entry, f"{tree}/{request}")
+                break
+            os.unlink(entry)  # not a request's directory: whatever it is, it goes
         else:
             _make_dir(f"{tree}/{request}")
-    for request in unused:
-        shutil.rmtree(f"{tree}/{request}")
+    for entry in unused:
+        _remove_entry(f"{tree}/{entry}")
+
+
+def _remove_entry(path: str) -> None:
+    """Delete a directory with what it holds, or anything else in its place."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def _make_dir(path: str) -> None:
@@ -275,7 +301,9 @@ def _make_dir(path: str) -> None:
     os.chmod(path, 0o755)  # mkdir's mode is filtered by the umask
 
 
-_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO put in a spare's place must not hang the metadata thread in open(2);
+# whatever is not a regular file is refused after the open.
+_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def _write_in_place(path: str, data: bytes, *, durable: bool) -> None:
@@ -291,6 +319,8 @@ def _write_in_place(path: str, data: bytes, *, durable: bool) -> None:
             os.close(fd)
             raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file: {path}")
         view = memoryview(data)
         done = 0
         while done < len(data):
@@ -365,7 +395,10 @@ _FIRST_READ, _MAX_DOCUMENT = 1 << 16, 1 << 20
 def _written_for_another(claim_dir: str, request: str, uid: str) -> bool:
     """Whether the request's metadata document names a claim UID other than ``uid``."""
     try:
-        fd = os.open(f"{claim_dir}/{request}/metadata.json", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(
+            f"{claim_dir}/{request}/metadata.json",
+            os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK,  # a FIFO must not hang the read
+        )
     except OSError:
         return False
     try:
