@@ -45,6 +45,7 @@ from dracpu.kubelet.metadata import (
     write_claim_files,
     write_metadata_specs,
 )
+from dracpu.kubelet.metadata_tree import SpareDirs
 from dracpu.logs import operation
 from dracpu.metrics import DriverMetrics
 from dracpu.proto.dra.v1 import api_grpc as v1_grpc
@@ -237,21 +238,20 @@ class DRAService:
         # Calls of claims prepared or unprepared together share one worker-thread hop.
         return await self._metadata_batches.run(fn, *args)
 
+    @property
+    def _spares(self) -> SpareDirs | None:
+        return self.metadata_purger.spares if self.metadata_purger is not None else None
+
     async def remove_metadata(self, namespace: str, name: str, claim_uid: str) -> None:
         if self.plugin_data_dir is None:
             return
-        purger = self.metadata_purger
         # The claim's directory is set aside at once, as a spare for a later prepare; the
         # purge deletes what is not kept, in the background.
-        remove = functools.partial(
-            remove_metadata_files,
-            purge=False,
-            spares=purger.spares if purger is not None else None,
-        )
+        remove = functools.partial(remove_metadata_files, purge=False, spares=self._spares)
         await self._metadata_io(remove, self.plugin_data_dir, namespace, name, claim_uid)
         await self._file_io(remove_metadata_specs, self.cdi_dir, claim_uid)
-        if purger is not None:
-            purger.soon()
+        if self.metadata_purger is not None:
+            self.metadata_purger.soon()
 
     # -- prepare ------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
@@ -313,12 +313,7 @@ class DRAService:
         # The metadata file and its CDI spec are like the claim's: no fsyncs on tmpfs. The
         # files on disk are written in a worker thread, the spec where the claim's is.
         durable = self._on_disk()
-        purger = self.metadata_purger
-        write = functools.partial(
-            write_claim_files,
-            durable=durable,
-            spares=purger.spares if purger is not None else None,
-        )
+        write = functools.partial(write_claim_files, durable=durable, spares=self._spares)
         written = await self._metadata_io(write, claim, claim_dir, files)
         specs = functools.partial(write_metadata_specs, durable=durable)
         ids = await self._file_io_result(specs, self.cdi_dir, claim, claim_dir, written)
