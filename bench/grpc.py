@@ -549,10 +549,12 @@ def _alternated(kinds: tuple[str, ...], rounds: int, run: Callable[[str], R]) ->
     return results
 
 
-def main_real() -> None:
+def main_real(runs: int = DRAIN_RUNS) -> None:
     """Only the echo floor and the real path, alternated: the lines for work on the real
-    path's CPU, in a fraction of the whole run's time."""
-    drains = _alternated(("echo", "real"), DRAIN_RUNS, _run_concurrent)
+    path's CPU, in a fraction of the whole run's time. ``--runs N`` (3 by default) takes
+    the medians over more alternated runs: the echo floor moves by a fifth from run to
+    run, so three cannot show a change of a few percent."""
+    drains = _alternated(("echo", "real"), runs, _run_concurrent)
     echo_rps = statistics.median(r for _, r, _ in drains["echo"])
     print(f"echo_pairs_rps_conc64: {echo_rps:.0f} pairs/s")
     _print_real(drains)
@@ -614,7 +616,11 @@ if __name__ == "__main__":
         _serve_api(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:] == ["--real"]:
         main_real()
+    elif sys.argv[1:3] == ["--real", "--runs"] and len(sys.argv) == 4:
+        if not sys.argv[3].isdigit() or int(sys.argv[3]) < 1:
+            raise SystemExit(f"--runs takes a whole number of at least 1, not {sys.argv[3]!r}")
+        main_real(int(sys.argv[3]))
     elif len(sys.argv) == 1:
         main()
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} [--real]")
+        raise SystemExit(f"usage: {sys.argv[0]} [--real [--runs N]]")
