@@ -60,6 +60,13 @@ def inode(plugin_dir: str, name: str, request: str) -> int:
     ).st_ino
 
 
+def leave_a_spare(dirs: tuple[str, str], spares: SpareDirs, name: str, *requests: str) -> None:
+    """Prepare and unprepare claim ``name`` (UID ``UID``): its tree becomes a spare."""
+    plugin_dir, cdi_dir = dirs
+    write_claim_metadata(plugin_dir, cdi_dir, claim(name), devices(*requests), None, spares=spares)
+    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", name, UID, purge=False, spares=spares)
+
+
 @pytest.fixture
 def purger(plugin_cdi_dirs: tuple[str, str]) -> MetadataPurger:
     return MetadataPurger(plugin_cdi_dirs[0], keep=2)
@@ -105,10 +112,7 @@ def test_a_spare_with_other_requests_is_reshaped(
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = purger.spares
-    write_claim_metadata(
-        plugin_dir, cdi_dir, claim("a"), devices("x", "y", "z"), None, spares=spares
-    )
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "x", "y", "z")
     # Two requests, neither named like the spare's three: two are renamed, one deleted.
     ids = write_claim_metadata(
         plugin_dir, cdi_dir, claim("b", OTHER_UID), devices("cpus", "y"), None, spares=spares
@@ -149,8 +153,7 @@ def test_a_claim_directory_that_is_there_is_written_live_and_no_spare_is_used(
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = purger.spares
-    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "cpus")
     held = Path(plugin_dir, METADATA_DIR, "team-a_b")
     held.mkdir()
     (held / "keep").write_text("someone's")
@@ -190,8 +193,7 @@ def test_a_crash_mid_build_leaves_no_claim_path_and_the_next_run_deletes_the_tre
     # nothing (least of all the earlier claim's document), and a kubelet retry builds anew.
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = MetadataPurger(plugin_dir).spares
-    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "cpus")
 
     class Killed(BaseException):
         pass
@@ -222,8 +224,7 @@ def test_a_tree_that_cannot_be_reshaped_is_deleted_and_every_request_reported(
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = purger.spares
-    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("x"), None, spares=spares)
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "x")
     rename = os.rename
 
     def no_space(src: str, dst: str) -> None:
@@ -322,8 +323,7 @@ def test_a_symlink_in_a_spare_is_not_followed(
     # Whatever replaced a spare's file with a link, the write does not go through it.
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = purger.spares
-    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "cpus")
     (aside,) = tree(plugin_dir)
     target = Path(plugin_dir, "target")
     target.write_text("untouched")
@@ -387,8 +387,7 @@ def test_a_fifo_in_a_spare_is_refused_without_hanging(
     # and unprepare behind it, would wait for ever. Not a regular file: refused at once.
     plugin_dir, cdi_dir = plugin_cdi_dirs
     spares = purger.spares
-    write_claim_metadata(plugin_dir, cdi_dir, claim("a"), devices("cpus"), None, spares=spares)
-    remove_claim_metadata(plugin_dir, cdi_dir, "team-a", "a", UID, purge=False, spares=spares)
+    leave_a_spare(plugin_cdi_dirs, spares, "a", "cpus")
     fifo = spare_file(plugin_dir)
     fifo.unlink()
     os.mkfifo(fifo)
