@@ -275,6 +275,131 @@ async def test_an_answer_that_is_not_http(nursery: trio.Nursery) -> None:
     )
 
 
+async def raw_server(nursery: trio.Nursery, answers: list[bytes]) -> tuple[int, list[bytes]]:
+    """A server that answers each request it reads with the next of ``answers``, byte
+    for byte, one connection after another; a ``b""`` closes the connection (at once
+    when it follows an answer); returns its port and every request's head."""
+    received: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        got = b""
+        try:
+            while answers:
+                while b"\r\n\r\n" not in got:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    got += data
+                request, got = got.split(b"\r\n\r\n", 1)
+                received.append(request)
+                answer = answers.pop(0)
+                if not answer:
+                    return
+                await stream.send_all(answer)
+                if answers and not answers[0]:
+                    answers.pop(0)
+                    return
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return listeners[0].socket.getsockname()[1], received
+
+
+def ok(body: bytes, *headers: bytes) -> bytes:
+    head = b"".join(h + b"\r\n" for h in headers)
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), head, body)
+
+
+async def two_gets(port: int, **settings: Any) -> tuple[list[bytes], int]:
+    kube = KubeClient(k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}", **settings)))
+    assert kube.loop_getter is not None
+    try:
+        bodies = [await kube.get_raw("/api/v1/nodes/{name}", name=n) for n in ("a", "b")]
+    finally:
+        kube.close()
+    return bodies, kube.loop_getter.connections_opened
+
+
+async def test_answer_forms_the_parser_reads(nursery: trio.Nursery) -> None:
+    # An informational answer first, then a chunked one: one connection, kept alive.
+    chunked = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'5\r\n{"a":\r\n2\r\n1}\r\n0\r\n\r\n'
+    )
+    port, received = await raw_server(nursery, [chunked, ok(b"{}")])
+    assert await two_gets(port) == ([b'{"a":1}', b"{}"], 1)
+    assert received[0].startswith(b"GET /api/v1/nodes/a HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nAccept: application/json\r\n" in received[0] + b"\r\n"
+
+    # A body that runs to the end of the connection (no length, no chunks) is whole at
+    # its end; the next GET needs a new connection.
+    close_delimited = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + NODE
+    port, _ = await raw_server(nursery, [close_delimited, b"", ok(b"{}")])
+    assert await two_gets(port) == ([NODE, b"{}"], 2)
+
+    # "Connection: close" with a length; bytes after the answer: in neither case is the
+    # connection used again (the server would answer on it: one connection would do).
+    port, _ = await raw_server(nursery, [ok(b"{}", b"Connection: close"), ok(b"[]")])
+    assert await two_gets(port) == ([b"{}", b"[]"], 2)
+    port, _ = await raw_server(nursery, [ok(b"{}") + b"HTTP/1.1 200", ok(b"[]")])
+    assert await two_gets(port) == ([b"{}", b"[]"], 2)
+    port, _ = await raw_server(nursery, [ok(b"{}"), ok(b"[]")])
+    assert await two_gets(port) == ([b"{}", b"[]"], 1)
+
+
+async def test_answers_the_parser_refuses(nursery: trio.Nursery) -> None:
+    cases = {
+        # a header section without end
+        b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 70000: "header section larger than 65536",
+        # a length the body never reaches before the connection ends
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}": "closed the connection mid-answer",
+        # conflicting lengths
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}": "bad HTTP",
+        # a protocol switch
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n": (
+            "bad HTTP answer: a protocol upgrade"
+        ),
+    }
+    for answer, words in cases.items():
+        port, _ = await raw_server(nursery, [answer, b""])
+        kube = KubeClient(
+            k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}", retries=0))
+        )
+        try:
+            with pytest.raises(ConnectionFailed) as info:
+                await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
+        finally:
+            kube.close()
+        assert words in str(info.value), (answer[:60], str(info.value))
+
+
+async def test_a_header_that_cannot_go_on_the_wire_is_refused_before_sending(
+    nursery: trio.Nursery,
+) -> None:
+    port, received = await raw_server(nursery, [ok(b"{}")])
+    for token in ("abc\r\nX-Injected: 1", "t\u00f6ken"):
+        kube = KubeClient(
+            k8s_client.ApiClient(
+                configuration(
+                    f"http://127.0.0.1:{port}",
+                    api_key={"authorization": token},
+                    api_key_prefix={"authorization": "Bearer"},
+                )
+            )
+        )
+        try:
+            with pytest.raises(ConnectionFailed) as info:
+                await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
+        finally:
+            kube.close()
+        assert str(info.value) == "cannot send the request: bad Authorization header"
+    assert received == []
+
+
 async def test_a_proxy_keeps_the_kubernetes_transport() -> None:
     config = configuration("http://10.0.0.1:6443", proxy="http://proxy:3128")
     assert LoopGetter.unsupported(config) == "a proxy is configured"

@@ -1,4 +1,4 @@
-"""GETs to the API server on the Trio thread: h11 over Trio streams, no worker thread.
+"""GETs to the API server on the Trio thread over Trio streams, no worker thread.
 
 A GET through the ``kubernetes`` client runs urllib3 in a worker thread. On a node drain
 (64 claims prepared at once, each reading its claim) that thread hop and the interpreter
@@ -6,6 +6,12 @@ lock it takes back after every system call of urllib3 cost more CPU than the req
 itself: measured with bench/grpc.py's real path, about 0.9 ms of the daemon's CPU per
 claim read, most of it futex waits and context switches. ``LoopGetter`` sends the same
 request from the event loop.
+
+Answers are parsed by httptools (llhttp, the HTTP/1.1 parser of Node.js, in C): about
+2 us per claim read where h11's pure-Python state machine took about 50 us, on the path
+every prepare takes. The request is one GET line and four header lines, written here;
+a field that could not go on the wire (a line break, a non-ASCII byte) is refused
+before anything is sent.
 
 It takes every connection fact from the client's ``kubernetes.client.Configuration``, as
 the client's ``RESTClientObject`` hands them to urllib3 (kubernetes/client/rest.py):
@@ -34,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 import trio
 from kubernetes import client as k8s_client
 from urllib3.util.retry import Retry
@@ -53,6 +59,9 @@ __all__ = ["LoopGetter"]
 # hook itself re-reads the token only once a minute.
 TOKEN_REUSE = 1.0
 _READ_SIZE = 65536
+# The largest header section read (h11, used before, stopped at 16 KiB; the API server's
+# are well under 1 KiB, but admission warnings can make them longer).
+MAX_HEADER_BYTES = 65536
 _DEFAULT_POOL = 10  # urllib3's PoolManager default when the configuration names none
 
 
@@ -61,11 +70,10 @@ class _Dropped(Exception):
 
 
 class _Connection:
-    __slots__ = ("h11", "stream")
+    __slots__ = ("stream",)
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
 
     def close_now(self) -> None:
         """Close the socket without awaiting (TLS close_notify is not sent; the API
@@ -77,6 +85,87 @@ class _Connection:
             # Outside a Trio run the socket's own finaliser closes it.
             with contextlib.suppress(RuntimeError):
                 stream.socket.close()
+
+
+class _Answer:
+    """One answer as httptools reports it while parsing (the ``on_*`` callbacks).
+
+    1xx answers are passed over: the final one follows on the same connection. Bytes
+    after the final answer mean the connection is not reused; a header section larger
+    than ``MAX_HEADER_BYTES`` is refused (llhttp sets no limit of its own)."""
+
+    __slots__ = (
+        "body",
+        "complete",
+        "extra",
+        "head_bytes",
+        "headers",
+        "headers_done",
+        "keep_alive",
+        "parser",
+        "reason",
+        "started",
+    )
+
+    def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.reason = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+        self.started = False  # a status line began
+        self.headers_done = False
+        self.head_bytes = 0  # bytes read before the final answer's headers ended
+        self.complete = False
+        self.keep_alive = False
+        self.extra = False
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.extra = True
+        self.started = True
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self.parser is not None
+        if 100 <= self.parser.get_status_code() <= 199:
+            # An informational answer (no body): the final one comes next.
+            self.reason, self.headers, self.headers_done = b"", {}, False
+            return
+        self.complete = True
+        # Asked here: llhttp resets the message's flags once this callback returns.
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def count(self, read: int) -> None:
+        """Called after each read that did not end the header section."""
+        if not self.headers_done:
+            self.head_bytes += read
+            if self.head_bytes > MAX_HEADER_BYTES:
+                raise OSError(
+                    f"bad HTTP answer: header section larger than {MAX_HEADER_BYTES} bytes"
+                )
+
+    def close_delimited(self) -> bool:
+        """Whether the body runs to the end of the connection (neither a length nor
+        chunks), so the connection's end completes it."""
+        if not self.headers_done or self.complete:
+            return False
+        encoding = self.headers.get(b"transfer-encoding", b"").lower()
+        return b"content-length" not in self.headers and b"chunked" not in encoding
+
+
+def _field_ok(value: str) -> bool:
+    return not any(c in value for c in "\r\n\0")
 
 
 def _retry_count(retries: Any) -> int:
@@ -191,19 +280,36 @@ class LoopGetter:
         return str(bearer["value"]) if bearer and bearer.get("value") else None
 
     # -- requests ------------------------------------------------------------------
-    async def get(self, path: str, *, timeout: float) -> bytes:
-        """The body of a 2xx answer to ``GET <prefix><path>`` (``path`` already
-        percent-encoded). Raises ``K8sError``: the translated status of any other answer,
-        ``ConnectionFailed`` when none came within ``timeout`` seconds."""
-        headers = [
+    def _request(self, path: str, authorization: str | None) -> bytes:
+        """``GET <prefix><path>`` as bytes; ``ConnectionFailed`` for a field that cannot
+        go on the wire (a line break or a non-ASCII character), as nothing was sent."""
+        target = self._prefix + path
+        fields = [
             ("Host", self._host_header),
             ("Accept", "application/json"),
             ("User-Agent", self._user_agent),
         ]
-        authorization = await self._authorization()
         if authorization:
-            headers.append(("Authorization", authorization))
-        request = h11.Request(method="GET", target=(self._prefix + path).encode(), headers=headers)
+            fields.append(("Authorization", authorization))
+        if (
+            not target.startswith("/")
+            or not target.isascii()
+            or not target.isprintable()
+            or (" " in target)
+        ):
+            raise ConnectionFailed(f"cannot send the request: bad target {target[:80]!r}")
+        lines = [f"GET {target} HTTP/1.1"]
+        for name, value in fields:
+            if not value.isascii() or not _field_ok(value):
+                raise ConnectionFailed(f"cannot send the request: bad {name} header")
+            lines.append(f"{name}: {value}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+    async def get(self, path: str, *, timeout: float) -> bytes:
+        """The body of a 2xx answer to ``GET <prefix><path>`` (``path`` already
+        percent-encoded). Raises ``K8sError``: the translated status of any other answer,
+        ``ConnectionFailed`` when none came within ``timeout`` seconds."""
+        request = self._request(path, await self._authorization())
         with trio.move_on_after(timeout) as scope:
             return await self._send_with_retries(request)
         assert scope.cancelled_caught
@@ -211,7 +317,7 @@ class LoopGetter:
             f"connection to the API server failed: no answer within {timeout:g} s"
         )
 
-    async def _send_with_retries(self, request: h11.Request) -> bytes:
+    async def _send_with_retries(self, request: bytes) -> bytes:
         resends = self._retries
         while True:
             try:
@@ -226,15 +332,15 @@ class LoopGetter:
                     ) from exc
                 resends -= 1
 
-    async def _exchange(self, request: h11.Request) -> bytes:
+    async def _exchange(self, request: bytes) -> bytes:
         reused = bool(self._idle)
         connection = self._idle.pop() if reused else await self._connect()
         done = False
         try:
-            status, reason, headers, body = await self._round_trip(connection, request, reused)
-            keep = connection.h11.our_state is h11.DONE and connection.h11.their_state is h11.DONE
+            status, reason, headers, body, keep = await self._round_trip(
+                connection, request, reused
+            )
             if keep and len(self._idle) < self._max_idle:
-                connection.h11.start_next_cycle()
                 self._idle.append(connection)
                 done = True
         finally:
@@ -245,46 +351,47 @@ class LoopGetter:
         return body
 
     async def _round_trip(
-        self, connection: _Connection, request: h11.Request, reused: bool
-    ) -> tuple[int, str, dict[bytes, bytes], bytes]:
-        conn = connection.h11
-        await connection.stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
-        status, reason, headers = 0, "", {}
-        chunks: list[bytes] = []
-        answered = eof = False
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                if eof and not answered:
-                    if reused:
-                        raise _Dropped("the kept-alive connection was closed") from None
-                    closed = "the API server closed the connection without answering"
-                    raise OSError(closed) from None
-                raise OSError(f"bad HTTP answer: {exc}") from None
-            if event is h11.NEED_DATA:
+        self, connection: _Connection, request: bytes, reused: bool
+    ) -> tuple[int, str, dict[bytes, bytes], bytes, bool]:
+        """Send ``request`` and read its answer: (status, reason, headers with lowercase
+        names, body, whether the connection can carry the next request)."""
+        await connection.stream.send_all(request)
+        answer = _Answer()
+        parser = httptools.HttpResponseParser(answer)
+        answer.parser = parser
+        try:
+            while not answer.complete:
                 try:
                     data = await connection.stream.receive_some(_READ_SIZE)
                 except (OSError, trio.BrokenResourceError):
-                    if reused and not answered:
+                    if reused and not answer.started:
                         raise _Dropped("the kept-alive connection was closed") from None
                     raise
-                eof = not data
-                conn.receive_data(bytes(data))
-                continue
-            if isinstance(event, h11.ConnectionClosed):
-                raise OSError("the API server closed the connection mid-answer")
-            if isinstance(event, h11.Response):
-                answered = True
-                status = event.status_code
-                reason = event.reason.decode("latin-1")
-                headers = {k.lower(): v for k, v in event.headers}
-            elif isinstance(event, h11.InformationalResponse):
-                answered = True
-            elif isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                return status, reason, headers, b"".join(chunks)
+                if not data:
+                    if answer.close_delimited():
+                        break  # the end of the connection is the end of the body
+                    if not answer.started:
+                        if reused:
+                            raise _Dropped("the kept-alive connection was closed")
+                        raise OSError("the API server closed the connection without answering")
+                    raise OSError("the API server closed the connection mid-answer")
+                try:
+                    parser.feed_data(data)
+                except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                    raise OSError(f"bad HTTP answer: {_parser_error(exc)}") from None
+                answer.count(len(data))
+            status = parser.get_status_code()
+            keep = answer.complete and answer.keep_alive and not answer.extra
+        finally:
+            answer.parser = None  # the parser holds the answer's callbacks
+        reason = answer.reason.decode("latin-1")
+        return status, reason, answer.headers, b"".join(answer.body), keep
+
+
+def _parser_error(exc: BaseException) -> str:
+    if isinstance(exc, httptools.HttpParserUpgrade):
+        return "a protocol upgrade"
+    return str(exc) or type(exc).__name__
 
 
 def _describe(exc: BaseException) -> str:
