@@ -243,6 +243,17 @@ async def test_no_answer_within_the_timeout(plain: FakeServer) -> None:
     assert str(info.value) == "connection to the API server failed: no answer within 0.2 s"
 
 
+async def failed_get(port: int) -> str:
+    """The ``ConnectionFailed`` message of one GET from the server at ``port``, no resends."""
+    kube = KubeClient(k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}", retries=0)))
+    try:
+        with pytest.raises(ConnectionFailed) as info:
+            await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
+    finally:
+        kube.close()
+    return str(info.value)
+
+
 async def test_an_answer_that_is_not_http(nursery: trio.Nursery) -> None:
     async def garbage(stream: trio.SocketStream) -> None:
         await stream.receive_some(65536)
@@ -258,16 +269,7 @@ async def test_an_answer_that_is_not_http(nursery: trio.Nursery) -> None:
         listeners = await nursery.start(
             functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
         )
-        port = listeners[0].socket.getsockname()[1]
-        kube = KubeClient(
-            k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}", retries=0))
-        )
-        try:
-            with pytest.raises(ConnectionFailed) as info:
-                await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
-        finally:
-            kube.close()
-        messages.append(str(info.value))
+        messages.append(await failed_get(listeners[0].socket.getsockname()[1]))
     assert messages[0].startswith("connection to the API server failed: OSError: bad HTTP answer")
     assert messages[1] == (
         "connection to the API server failed: OSError: the API server closed the connection "
@@ -366,15 +368,8 @@ async def test_answers_the_parser_refuses(nursery: trio.Nursery) -> None:
     }
     for answer, words in cases.items():
         port, _ = await raw_server(nursery, [answer, b""])
-        kube = KubeClient(
-            k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}", retries=0))
-        )
-        try:
-            with pytest.raises(ConnectionFailed) as info:
-                await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
-        finally:
-            kube.close()
-        assert words in str(info.value), (answer[:60], str(info.value))
+        message = await failed_get(port)
+        assert words in message, (answer[:60], message)
 
 
 async def test_a_header_that_cannot_go_on_the_wire_is_refused_before_sending(
