@@ -349,8 +349,26 @@ async def test_answer_forms_the_parser_reads(nursery: trio.Nursery) -> None:
     assert await two_gets(port) == ([b"{}", b"[]"], 2)
     port, _ = await raw_server(nursery, [ok(b"{}") + b"HTTP/1.1 200", ok(b"[]")])
     assert await two_gets(port) == ([b"{}", b"[]"], 2)
+    # ... also bytes llhttp refuses outright, after an answer that said it closes.
+    port, _ = await raw_server(nursery, [ok(b"{}", b"Connection: close") + b"X", ok(b"[]")])
+    assert await two_gets(port, retries=0) == ([b"{}", b"[]"], 2)
     port, _ = await raw_server(nursery, [ok(b"{}"), ok(b"[]")])
     assert await two_gets(port) == ([b"{}", b"[]"], 1)
+
+
+async def test_a_chunked_answers_trailers_are_not_its_headers(nursery: trio.Nursery) -> None:
+    answer = (
+        b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nRetry-After: 1\r\n"
+        b"\r\n2\r\n{}\r\n0\r\nRetry-After: 99\r\n\r\n"
+    )
+    port, _ = await raw_server(nursery, [answer])
+    kube = KubeClient(k8s_client.ApiClient(configuration(f"http://127.0.0.1:{port}")))
+    try:
+        with pytest.raises(TooManyRequests) as info:
+            await kube.get_raw("/api/v1/nodes/{name}", name="node-a")
+    finally:
+        kube.close()
+    assert info.value.retry_after == 1
 
 
 async def test_answers_the_parser_refuses(nursery: trio.Nursery) -> None:

@@ -128,7 +128,8 @@ class _Answer:
         self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        if not self.headers_done:  # llhttp reports a chunked body's trailers here too
+            self.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -378,7 +379,11 @@ class LoopGetter:
                 try:
                     parser.feed_data(data)
                 except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-                    raise OSError(f"bad HTTP answer: {_parser_error(exc)}") from None
+                    if not answer.complete:
+                        raise OSError(f"bad HTTP answer: {_parser_error(exc)}") from None
+                    # Bytes after a whole answer (llhttp refuses any after "Connection:
+                    # close"): the answer stands, the connection is not used again.
+                    answer.extra = True
                 answer.count(len(data))
             status = parser.get_status_code()
             keep = answer.complete and answer.keep_alive and not answer.extra
