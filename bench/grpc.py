@@ -19,8 +19,9 @@ The `real_` lines are the drain on the path a node takes: the same daemon file w
 besides each prepare GETs its claim from a simulated API server (in a child process of its
 own, so its CPU is not counted) through the daemon's own claim source and kubernetes
 client, and the device metadata files go to a plugin directory on disk, fsynced, as the
-kubelet plugin's data dir is on a node. `real_cpu_ms_per_pair` is the dracpu server's CPU
-per prepare+unprepare pair; `real_vs_echo_pairs` the median ratio of its pairs/s over the
+kubelet plugin's data dir is on a node, written by the daemon's device metadata writer
+process, as `dracpu run` does. `real_cpu_ms_per_pair` is the CPU of the dracpu server and
+its writer per prepare+unprepare pair; `real_vs_echo_pairs` the median ratio of its pairs/s over the
 echo floor's in alternated runs.
 The `echo_` lines are the floor: the same Trio + h2 server with handlers that answer at
 once, no planning, no files. With 64 calls in flight and the server's one core busy, a
@@ -108,6 +109,7 @@ def _service(
     state: Any = None,
     claims: Any = None,
     plugin_data_dir: str | None = None,
+    metadata_process: Any = None,
 ) -> Any:
     from prometheus_client import CollectorRegistry
 
@@ -131,6 +133,7 @@ def _service(
         node_name=NODE,
         serial=serial,
         plugin_data_dir=plugin_data_dir,
+        metadata_process=metadata_process,
     )
 
 
@@ -194,17 +197,23 @@ async def _serve_durable(
     else:
         from dracpu.k8s.client import KubeClient
         from dracpu.kubelet import ApiClaimSource
+        from dracpu.kubelet.metadata_proc import MetadataProcess
 
         # As cli/run.py and daemon/app.py build them.
         kube = KubeClient.from_kubeconfig(kubeconfig)
         plugin_dir = os.path.join(os.path.dirname(state_dir), "plugin")
         service = _service(
-            cdi_dir, claims=ApiClaimSource(kube, pool=NODE), plugin_data_dir=plugin_dir
+            cdi_dir,
+            claims=ApiClaimSource(kube, pool=NODE),
+            plugin_data_dir=plugin_dir,
+            metadata_process=MetadataProcess(plugin_dir) if plugin_dir else None,
         )
     checkpoint = CheckpointFile(service.state, state_dir, boot_id="b", config_fingerprint="f")
     async with trio.open_nursery() as nursery:
         await nursery.start(checkpoint.run, service.state.claims_changes())
-        if service.metadata_purger is not None:  # dracpu run's metadata-purge service
+        if service.metadata_process is not None:  # dracpu run's metadata-writer service
+            await nursery.start(service.metadata_process.run)
+        if service.metadata_purger is not None:
             nursery.start_soon(service.metadata_purger.run)
         await _serve_settled(path, service.grpc_handlers())
 
@@ -361,9 +370,20 @@ def _serve(kind: str, path: str, cdi_dir: str) -> None:
 
 
 def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of ``pid`` and of its live child processes (the real path's device
+    metadata writer is one: its CPU is the daemon's too)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _stubs(channel: Any) -> tuple[Any, Any]:

@@ -368,6 +368,16 @@ class _VerbosityFilter(logging.Filter):
         return v <= self._verbosity
 
 
+def logging_setup() -> tuple[str, int, str]:
+    """The (format, verbosity, vmodule) ``setup_logging`` was last called with (a helper
+    process logs as the daemon does); ("text", 0, "") before any call."""
+    for handler in logging.getLogger().handlers:
+        setup = getattr(handler, _HANDLER_MARK, None)
+        if isinstance(setup, tuple):
+            return setup
+    return ("text", 0, "")
+
+
 def setup_logging(
     format: str = "text",
     verbosity: int = 0,
@@ -390,16 +400,16 @@ def setup_logging(
     handler.setFormatter(formatter)
     handler.addFilter(_OpIdFilter())
     handler.addFilter(_VerbosityFilter(verbosity, per_file))
-    # The root level lets through the most verbose line any file may show; the handler's
-    # filter then applies each file's own limit.
-    verbosity = max([verbosity, *(level for _, level in per_file)])
-    setattr(handler, _HANDLER_MARK, True)
+    setattr(handler, _HANDLER_MARK, (format, verbosity, vmodule))
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, _HANDLER_MARK, False):
             root.removeHandler(old)
             old.close()
     root.addHandler(handler)
+    # The root level lets through the most verbose line any file may show; the handler's
+    # filter then applies each file's own limit.
+    verbosity = max([verbosity, *(level for _, level in per_file)])
     for v in range(1, MAX_VERBOSITY + 1):
         logging.addLevelName(klog_level_for(v), f"V{v}")  # for any other handler's output
     if verbosity >= MAX_VERBOSITY:

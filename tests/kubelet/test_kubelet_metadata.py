@@ -22,6 +22,7 @@ from kubelet_harness import NODE, in_thread, make_node, prepare_request, prepare
 from dracpu.atomicfile import atomic_write
 from dracpu.cdi import device_env, on_memory_filesystem
 from dracpu.kubelet import ClaimRef, dra, metadata, metadata_tree
+from dracpu.kubelet.metadata_proc import MetadataProcess
 from dracpu.proto.dra.v1 import api_pb2 as dra_v1
 
 
@@ -33,12 +34,26 @@ def dirs(short_tmp: str, cdi_dir: str) -> tuple[str, str]:
     return cdi_dir, plugin_dir
 
 
+@pytest.fixture(params=["thread", "process"])
+async def writer(
+    request: pytest.FixtureRequest, nursery: trio.Nursery, dirs: tuple[str, str]
+) -> dict[str, Any]:
+    """The ``DRAService`` options for device metadata in the plugin dir: the files
+    written in a worker thread, or by the writer process as `dracpu run` has them."""
+    plugin_dir = dirs[1]
+    if request.param == "thread":
+        return {"plugin_data_dir": plugin_dir}
+    process = MetadataProcess(plugin_dir)
+    await nursery.start(process.run)
+    return {"plugin_data_dir": plugin_dir, "metadata_process": process}
+
+
 async def test_prepare_reply_and_files_match_section_20(
-    nursery: trio.Nursery, dirs: tuple[str, str]
+    nursery: trio.Nursery, dirs: tuple[str, str], writer: dict[str, Any]
 ) -> None:
     cdi_dir, plugin_dir = dirs
     node = make_node(cdi_dir)
-    service = node.restart(plugin_data_dir=plugin_dir)
+    service = node.restart(**writer)
     c = claim("uid-1", result("cpudevnuma001", 2), name="my-claim")
     node.claims.put(c)
     async with serving(nursery, service) as (_, ch):
@@ -112,11 +127,11 @@ async def test_prepare_reply_and_files_match_section_20(
 
 
 async def test_sub_requests_share_one_file_and_unprepare_removes_all(
-    dirs: tuple[str, str],
+    dirs: tuple[str, str], writer: dict[str, Any]
 ) -> None:
     cdi_dir, plugin_dir = dirs
     node = make_node(cdi_dir)
-    service = node.restart(plugin_data_dir=plugin_dir)
+    service = node.restart(**writer)
     c = claim(
         "uid-2",
         result("cpudevnuma000", 1, request="main/a"),

@@ -46,6 +46,7 @@ from dracpu.k8s.slices import NOT_PUBLISHED, SliceReconciler
 from dracpu.kubelet.claims import ApiClaimSource
 from dracpu.kubelet.dra import DRAService
 from dracpu.kubelet.health import HealthService
+from dracpu.kubelet.metadata_proc import MetadataProcess
 from dracpu.kubelet.plugin import KubeletPlugin
 from dracpu.kubelet.registration import WAITING_REASON, RegistrationService
 from dracpu.logs import get_logger
@@ -370,9 +371,9 @@ class Daemon:
                 run=partial(self.claim_status.run, self.state.claim_events(repeated_prepares=True)),
             ),
         ]
-        purger = self.kubelet.dra.metadata_purger
-        if purger is not None:  # deletes the device metadata unprepares set aside
-            services.append(Service(name="metadata-purge", run=purger.run))
+        writer = self.kubelet.dra.metadata_process
+        if writer is not None:  # writes device metadata, deletes what unprepares set aside
+            services.append(Service(name="metadata-writer", run=writer.run))
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
             for service in services:
@@ -397,8 +398,10 @@ class Daemon:
             cdi_dir=cfg.cdiDir,
             metrics=self.metrics,
             node_name=self.node_name,
-            # Device metadata for the workload, as upstream's kubelet-plugin helper writes.
+            # Device metadata for the workload, as upstream's kubelet-plugin helper writes;
+            # its files are written by a process of their own (kubelet/metadata_proc.py).
             plugin_data_dir=paths.plugin_dir,
+            metadata_process=MetadataProcess(paths.plugin_dir),
         )
         health = HealthService(
             node_name=self.node_name, devices=[d.name for d in inventory.devices]

@@ -45,6 +45,7 @@ from dracpu.kubelet.metadata import (
     write_claim_files,
     write_metadata_specs,
 )
+from dracpu.kubelet.metadata_proc import MetadataProcess
 from dracpu.kubelet.metadata_tree import SpareDirs
 from dracpu.logs import operation
 from dracpu.metrics import DriverMetrics
@@ -162,6 +163,7 @@ class DRAService:
         node_name: str,
         offload_io: bool | None = None,
         plugin_data_dir: str | None = None,
+        metadata_process: MetadataProcess | None = None,
         serial: Serializer | None = None,
     ) -> None:
         self.claims = claims
@@ -184,9 +186,15 @@ class DRAService:
         # others (a hung cgroupfs or sysfs read) would hold every token, and every prepare
         # and unprepare would wait for a batch forever (kubelet/_aio.py: the same reason).
         self._metadata_batches = ThreadBatcher(limiter=trio.CapacityLimiter(1))
-        # Deletes what unprepares set aside; `dracpu run` runs it as a service.
+        # With a writer process (`dracpu run`), the metadata file steps and the spare
+        # trees are the process's (metadata_proc.py); without one, a worker thread's, and
+        # the purger deletes what unprepares set aside (`dracpu run` would run it as a
+        # service). Never both: each would take the other's spares for its own.
+        self.metadata_process = metadata_process if plugin_data_dir is not None else None
         self.metadata_purger = (
-            MetadataPurger(plugin_data_dir) if plugin_data_dir is not None else None
+            MetadataPurger(plugin_data_dir)
+            if plugin_data_dir is not None and self.metadata_process is None
+            else None
         )
 
     async def _file_io(self, fn: Callable[..., object], *args: object) -> None:
@@ -247,6 +255,11 @@ class DRAService:
             return
         # The claim's directory is set aside at once, as a spare for a later prepare; the
         # purge deletes what is not kept, in the background.
+        if self.metadata_process is not None:
+            await self.metadata_process.remove(
+                self.plugin_data_dir, self.cdi_dir, namespace, name, claim_uid
+            )
+            return
         remove = functools.partial(remove_metadata_files, purge=False, spares=self._spares)
         await self._metadata_io(remove, self.plugin_data_dir, namespace, name, claim_uid)
         await self._file_io(remove_metadata_specs, self.cdi_dir, claim_uid)
@@ -313,10 +326,15 @@ class DRAService:
         # The metadata file and its CDI spec are like the claim's: no fsyncs on tmpfs. The
         # files on disk are written in a worker thread, the spec where the claim's is.
         durable = self._on_disk()
-        write = functools.partial(write_claim_files, durable=durable, spares=self._spares)
-        written = await self._metadata_io(write, claim, claim_dir, files)
-        specs = functools.partial(write_metadata_specs, durable=durable)
-        ids = await self._file_io_result(specs, self.cdi_dir, claim, claim_dir, written)
+        if self.metadata_process is not None:
+            ids = await self.metadata_process.write(
+                claim, claim_dir, files, self.cdi_dir, durable=durable
+            )
+        else:
+            write = functools.partial(write_claim_files, durable=durable, spares=self._spares)
+            written = await self._metadata_io(write, claim, claim_dir, files)
+            specs = functools.partial(write_metadata_specs, durable=durable)
+            ids = await self._file_io_result(specs, self.cdi_dir, claim, claim_dir, written)
         out = list(devices)
         for request, cdi_id in ids.items():
             for index, device in enumerate(out):
