@@ -74,7 +74,8 @@ _LENGTH = struct.Struct(">I")
 
 # -- the messages ---------------------------------------------------------------------------
 class WriteTree(msgspec.Struct, tag="write", array_like=True, frozen=True):
-    """``write_claim_files`` then ``write_metadata_specs`` for one claim."""
+    """``write_claim_files`` then ``write_metadata_specs`` for one claim (of which the
+    steps read only the UID, namespace and name: the daemon sends no more)."""
 
     id: int
     claim: ClaimAllocation
@@ -278,7 +279,7 @@ class MetadataProcess:
         reply = await self._call(
             lambda i: WriteTree(
                 id=i,
-                claim=claim,
+                claim=ClaimAllocation(uid=claim.uid, namespace=claim.namespace, name=claim.name),
                 claim_dir=claim_dir,
                 files=list(files),
                 cdi_dir=cdi_dir,
