@@ -26,10 +26,10 @@ from dracpu.kubelet.metadata_proc import (
     MetadataProcess,
     RemoveTree,
     TreeWritten,
-    WriterExited,
     WriteTree,
     frame,
 )
+from dracpu.kubelet.metadata_tree import SpareDirs
 
 UID = "6f1c2a3e-0b5d-4c1e-9a57-1d2e3f405162"
 DOC = b'{"kind":"DeviceMetadata"}\n'
@@ -51,17 +51,9 @@ def files_under(root: str) -> dict[str, bytes]:
     }
 
 
-async def restarted(process: MetadataProcess, nursery: trio.Nursery) -> None:
-    """Serve ``process`` as the supervisor does: start it again each time it exits."""
-
-    async def supervise() -> None:
-        while True:
-            try:
-                await process.run()
-            except WriterExited:
-                await trio.sleep(0.01)
-
-    nursery.start_soon(supervise)
+def quick(plugin_dir: str, command: list[str] | None = None) -> MetadataProcess:
+    """A writer process service that replaces ended writers at once (tests)."""
+    return MetadataProcess(plugin_dir, command=command, restart_delay=(0.01, 0.05))
 
 
 async def test_the_writer_writes_what_the_thread_path_writes(
@@ -127,9 +119,9 @@ async def test_requests_outlive_a_writer_that_dies(
     nursery: trio.Nursery, plugin_cdi_dirs: tuple[str, str]
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
-    process = MetadataProcess(plugin_dir)
-    await restarted(process, nursery)
-    await wait_for(lambda: process.pid is not None)
+    process = quick(plugin_dir)
+    await nursery.start(process.run)
+    await wait_for(lambda: process.serving)
     first = process.pid
     stop(first)  # the writer hangs; the request waits in its pipe
     results: list[dict[str, str]] = []
@@ -154,41 +146,96 @@ async def test_requests_outlive_a_writer_that_dies(
     assert files_under(claim_dir(plugin_dir)) == {"cpus/metadata.json": DOC}
 
 
-async def test_a_request_that_kills_writers_is_failed_after_two(
-    nursery: trio.Nursery, plugin_cdi_dirs: tuple[str, str], caplog: pytest.LogCaptureFixture
+# The real writer, except that a claim named "poison" ends it.
+POISONED = """
+import os, sys
+from dracpu.kubelet import metadata_proc as m
+real = m.handle
+def handle(request, spares):
+    if isinstance(request, m.WriteTree) and request.claim.name == "poison":
+        os._exit(9)
+    return real(request, spares)
+m.handle = handle
+sys.exit(m.child_main(sys.argv[1:]))
+"""
+
+
+async def test_only_the_request_that_ends_writers_fails(
+    plugin_cdi_dirs: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin_dir, cdi_dir = plugin_cdi_dirs
-    # A writer that starts, then exits at its first request.
-    dies = [sys.executable, "-c", "import os, sys; os.write(1, b'\\x01'); os.read(0, 1)"]
-    process = MetadataProcess(plugin_dir, command=dies)
-    await restarted(process, nursery)
+    command = [sys.executable, "-c", POISONED, "--plugin-dir", plugin_dir]
+    process = quick(plugin_dir, command)
+    results: dict[str, dict[str, str]] = {}
+
+    async def write(name: str) -> None:
+        results[name] = await process.write(
+            claim(name, uid=f"uid-{name}"),
+            claim_dir(plugin_dir, name),
+            [("cpus", DOC)],
+            cdi_dir,
+            durable=False,
+        )
+
     with caplog.at_level(logging.WARNING, logger="dracpu.kubelet.metadata_proc"):
-        with trio.fail_after(20):
-            ids = await process.write(
-                claim(), claim_dir(plugin_dir), [("cpus", DOC)], cdi_dir, durable=False
-            )
-    assert ids == {}
-    assert process.starts == 3  # two writers died on it; the third answered it failed
+        async with trio.open_nursery() as nursery:
+            await nursery.start(process.run)
+            async with trio.open_nursery() as calls:
+                for name in ("a", "poison", "b", "c"):
+                    calls.start_soon(write, name)
+                    await trio.sleep(0)  # in this order
+            nursery.cancel_scope.cancel()
+    assert results == {
+        "a": {"cpus": "dra.cpu/metadata=uid-a_cpus"},
+        "poison": {},
+        "b": {"cpus": "dra.cpu/metadata=uid-b_cpus"},
+        "c": {"cpus": "dra.cpu/metadata=uid-c_cpus"},
+    }
+    # Two writers ended on it; the third served the rest.
+    assert process.starts == 3
     assert (
-        "cannot write device metadata for claim team-a/web: the device metadata writer "
+        "cannot write device metadata for claim team-a/poison: the device metadata writer "
         "exited on it" in caplog.text
     )
-    # Requests after it are sent as usual (to writers that die too, here).
-    assert os.listdir(cdi_dir) == []
+    assert sorted(os.listdir(cdi_dir)) == [
+        f"dra.cpu_metadata_uid-{n}_cpus.json" for n in ("a", "b", "c")
+    ]
 
 
-async def test_a_stop_answers_what_is_unanswered(
+async def test_a_writer_that_cannot_start_fails_what_waits(
+    plugin_cdi_dirs: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    process = quick(plugin_dir, [sys.executable, "-c", "import sys; sys.exit(3)"])
+    with caplog.at_level(logging.WARNING, logger="dracpu.kubelet.metadata_proc"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(process.run)
+            with trio.fail_after(20):
+                ids = await process.write(
+                    claim(), claim_dir(plugin_dir), [("cpus", DOC)], cdi_dir, durable=False
+                )
+            nursery.cancel_scope.cancel()
+    assert ids == {}
+    assert (
+        "cannot write device metadata for claim team-a/web: the device metadata writer did "
+        "not start" in caplog.text
+    )
+    assert "device metadata writer: did not start; another in 0.01s" in caplog.text
+
+
+async def test_a_stop_answers_what_is_unanswered_and_what_comes_after(
     plugin_cdi_dirs: tuple[str, str],
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(metadata_proc, "STOP_TIMEOUT", 0.2)
     plugin_dir, cdi_dir = plugin_cdi_dirs
-    process = MetadataProcess(plugin_dir)
+    process = quick(plugin_dir)
     removed: list[str] = []
     with caplog.at_level(logging.WARNING, logger="dracpu.kubelet.metadata_proc"):
         async with trio.open_nursery() as nursery:
             await nursery.start(process.run)
+            await wait_for(lambda: process.serving)
             pid = process.pid
             stop(pid)
 
@@ -199,10 +246,14 @@ async def test_a_stop_answers_what_is_unanswered(
             nursery.start_soon(remove)
             await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
-    assert removed == ["answered"]
-    assert "cannot remove device metadata of claim team-a/web: the daemon is stopping" in (
-        caplog.text
-    )
+        assert removed == ["answered"]
+        assert "cannot remove device metadata of claim team-a/web: the daemon is stopping" in (
+            caplog.text
+        )
+        # A call after the stop fails at once.
+        with trio.fail_after(1):
+            await process.remove(plugin_dir, cdi_dir, "team-a", "db", UID)
+        assert "claim team-a/db: the device metadata writer is not running" in caplog.text
     # The hung writer was killed once its grace ran out.
     assert process.pid is None
     assert pid is not None
@@ -267,3 +318,22 @@ def test_the_wire_format_bytes() -> None:
     )
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(write), type=WriteTree | RemoveTree)
     assert decoded == write
+
+
+def test_no_request_is_handled_once_the_daemon_is_gone(plugin_cdi_dirs: tuple[str, str]) -> None:
+    plugin_dir, cdi_dir = plugin_cdi_dirs
+    spares = SpareDirs(os.path.join(plugin_dir, METADATA_DIR))
+    request = RemoveTree(
+        id=1, plugin_dir=plugin_dir, cdi_dir=cdi_dir, namespace="team-a", name="web", uid=UID
+    )
+    for parent, replies in ((os.getppid(), 1), (-1, 0)):  # -1: the writer's parent changed
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        os.write(requests_w, frame(msgspec.msgpack.encode(request)))
+        os.close(requests_w)
+        metadata_proc.serve(requests_r, replies_w, spares, parent)
+        os.close(replies_w)
+        got = Frames().feed(os.read(replies_r, 1 << 16))
+        assert len(got) == replies
+        os.close(requests_r)
+        os.close(replies_r)

@@ -372,8 +372,12 @@ class Daemon:
             ),
         ]
         writer = self.kubelet.dra.metadata_process
-        if writer is not None:  # writes device metadata, deletes what unprepares set aside
-            services.append(Service(name="metadata-writer", run=writer.run))
+        if writer is not None:
+            # Writes device metadata and deletes what unprepares set aside. Started before
+            # the kubelet's sockets, so it stops after them: a prepare or unprepare still
+            # running at a stop gets its metadata written or removed. Its grace covers the
+            # writer's own STOP_TIMEOUT.
+            await sup.start(Service(name="metadata-writer", run=writer.run, grace_period=10.0))
         # Kubelet sockets and NRI side by side: neither waits for the other.
         async with trio.open_nursery() as nursery:
             for service in services:

@@ -20,12 +20,17 @@ and the spares beyond the kept number whenever no request waits. It exits at the
 its input, so it ends with the daemon, kill -9 included.
 
 ``MetadataProcess`` is the daemon's side, a service of the root supervisor
-(``metadata-writer``): ``run`` starts the writer and serves it; callers ``write`` and
-``remove`` and wait for the reply, shielded (a request sent cannot be taken back). A
-writer that exits is started again by the supervisor, and the requests it had not
-answered are sent to the next one (the steps are idempotent); one that a writer has died
-on twice is answered ``CallFailed`` instead, so no request can crash writers forever.
-When the service stops, whatever is unanswered is answered ``CallFailed``.
+(``metadata-writer``, started before the kubelet's sockets so it stops after them):
+``run`` starts a writer and serves it; callers ``write`` and ``remove`` and wait for the
+reply, shielded (a request sent cannot be taken back). A writer answers in order, each
+reply written before it handles the next request. When one ends, ``run`` starts another
+after a backoff and sends it what was unanswered (the steps are idempotent); the oldest
+unanswered request is the one the writer ended on, and one that two writers ended on is
+answered ``CallFailed``, so no request can end writers forever. A writer that cannot
+start fails what waits. When ``run`` ends, every unanswered call fails ("the daemon is
+stopping"), and so does every later one, at once. The writer handles no request once the
+daemon that sent it is gone (its parent changed), so after a kill -9 it does not race a
+new daemon's writer over the spare trees.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ log = logging.getLogger("dracpu.kubelet.metadata_proc")  # also when run as __ma
 
 MAX_FRAME = 16 << 20  # a request or reply (a metadata document is a few KiB)
 START_TIMEOUT = 60.0  # for the writer's imports and its first purge
-STOP_TIMEOUT = 5.0  # for the writer to finish its request at the end of its input
+STOP_TIMEOUT = 3.0  # for the writer to finish its request; below the service grace
 MAX_ATTEMPTS = 2  # writers a request may see exit before it is answered CallFailed
 _HELLO = b"\x01"  # the writer's first byte: imported, purged, reading
 _LENGTH = struct.Struct(">I")
@@ -180,9 +185,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def serve(read_fd: int, write_fd: int, spares: SpareDirs) -> None:
-    """Answer requests until the end of the input; purge spares whenever none waits.
-    Raises ``FrameError`` on input that is not requests."""
+def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = None) -> None:
+    """Answer requests in order, each reply written before the next request is handled
+    (so when a writer dies, the oldest unanswered request is the one it died on), until
+    the end of the input or the loss of ``parent`` (a daemon killed with requests still
+    in the pipe: they are not handled for a daemon that is gone); purge spares whenever
+    no request waits. Raises ``FrameError`` on input that is not requests."""
     frames = Frames()
     decoder = msgspec.msgpack.Decoder(Request)
     encoder = msgspec.msgpack.Encoder()
@@ -190,15 +198,14 @@ def serve(read_fd: int, write_fd: int, spares: SpareDirs) -> None:
         data = os.read(read_fd, 1 << 16)
         if not data:
             return
-        replies = []
         for message in frames.feed(data):
+            if parent is not None and os.getppid() != parent:
+                return
             try:
                 request = decoder.decode(message)
             except msgspec.DecodeError as exc:
                 raise FrameError(f"not a request: {exc}") from None
-            replies.append(frame(encoder.encode(handle(request, spares))))
-        if replies:
-            _write_all(write_fd, b"".join(replies))
+            _write_all(write_fd, frame(encoder.encode(handle(request, spares))))
         if spares.overflowing() and not select.select([read_fd], [], [], 0)[0]:
             spares.purge()
 
@@ -220,9 +227,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     spares = SpareDirs(os.path.join(args.plugin_dir, METADATA_DIR), keep=args.keep)
     spares.purge()  # what an earlier run or writer set aside
     read_fd, write_fd = sys.stdin.fileno(), sys.stdout.fileno()
+    parent = os.getppid()
     _write_all(write_fd, _HELLO)
     try:
-        serve(read_fd, write_fd, spares)
+        serve(read_fd, write_fd, spares, parent)
     except FrameError as exc:
         log.error("device metadata writer: bad input from the daemon, exiting: %s", exc)
         return 2
@@ -230,38 +238,45 @@ def child_main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- the daemon's side ----------------------------------------------------------------------
-class WriterExited(Exception):
-    """The writer process ended or broke the protocol; the supervisor starts another."""
-
-
 class _Call:
-    __slots__ = ("attempts", "done", "frame", "reply")
+    __slots__ = ("done", "frame", "reply", "sent_to", "strikes")
 
     def __init__(self, frame_bytes: bytes) -> None:
         self.frame = frame_bytes
         self.reply: Reply | None = None
         self.done = trio.Event()
-        self.attempts = 0  # writers this request was sent to
+        self.sent_to = 0  # the writer (its start number) it was last sent to
+        self.strikes = 0  # writers that died on it
 
 
 class MetadataProcess:
     """The daemon's side of the writer process (see the module docstring)."""
 
     def __init__(
-        self, plugin_dir: str, *, keep: int = MAX_SPARES, command: Sequence[str] | None = None
+        self,
+        plugin_dir: str,
+        *,
+        keep: int = MAX_SPARES,
+        command: Sequence[str] | None = None,
+        restart_delay: tuple[float, float] = (0.5, 30.0),
     ) -> None:
         """``command``: the writer to run (tests); by default this module under the
-        daemon's interpreter, logging as the daemon is set up to when it starts."""
+        daemon's interpreter, logging as the daemon is set up to when it starts.
+        ``restart_delay``: the first and the longest wait before a writer that ended is
+        replaced (doubling in between, back to the first after a minute of service)."""
         self.plugin_dir = plugin_dir
         self.keep = keep
         self.command = list(command) if command is not None else None
+        self.restart_delay = restart_delay
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Reply)
         self._calls: dict[int, _Call] = {}  # unanswered, in the order they were made
         self._unsent: list[int] = []  # of those, not yet sent to the running writer
         self._next_id = 0
         self._wake = trio.Event()
-        self.starts = 0  # writers started (for tests and /debug/state)
+        self._running = False  # run() is active: calls wait for a writer
+        self.serving = False  # a writer has started and is being served
+        self.starts = 0  # writers started (for tests)
         self.pid: int | None = None
 
     # -- callers --------------------------------------------------------------------------
@@ -319,10 +334,17 @@ class MetadataProcess:
     async def _call(self, make: Callable[[int], Request]) -> Reply:
         call_id = self._next_id
         self._next_id += 1
-        call = _Call(frame(self._encoder.encode(make(call_id))))
+        message = self._encoder.encode(make(call_id))
+        if not self._running:
+            return CallFailed(id=call_id, error="the device metadata writer is not running")
+        if len(message) > MAX_FRAME:
+            too_big = f"request of {len(message)} bytes (at most {MAX_FRAME})"
+            return CallFailed(id=call_id, error=too_big)
+        call = _Call(frame(message))
         self._calls[call_id] = call
         self._unsent.append(call_id)
         self._wake.set()
+        # Answered by a writer, or failed by run(): a request sent cannot be taken back.
         with trio.CancelScope(shield=True):
             await call.done.wait()
         assert call.reply is not None
@@ -333,46 +355,85 @@ class MetadataProcess:
         call.reply = reply
         call.done.set()
 
+    def _fail_all(self, error: str) -> None:
+        for call_id in list(self._calls):
+            self._answer(call_id, CallFailed(id=call_id, error=error))
+
     # -- the service ----------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start a writer and serve it until it exits (``WriterExited``) or the service
-        is cancelled (then every unanswered call is answered ``CallFailed``)."""
-        process = await trio.lowlevel.open_process(
-            self.command or self._default_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
+        """Serve writers one after another until cancelled. Started at once: calls wait
+        for a writer, and fail (logged by the caller) when none can start; when run ends,
+        every unanswered call fails and later ones fail at once."""
+        self._running = True
+        task_status.started()
+        first, longest = self.restart_delay
+        delay = first
+        stopping = "the device metadata writer stopped"
+        try:
+            while True:
+                began = trio.current_time()
+                ended = await self._serve_one()
+                if trio.current_time() - began >= 60.0:
+                    delay = first
+                log.warning("device metadata writer: %s; another in %gs", ended, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, longest)
+        except BaseException as exc:
+            if _cancelled(exc):
+                stopping = "the daemon is stopping"
+            raise
+        finally:
+            self._running = False
+            self._fail_all(stopping)
+
+    async def _serve_one(self) -> str:
+        """Start one writer and serve it until it ends; why it ended."""
+        try:
+            process = await trio.lowlevel.open_process(
+                self.command or self._default_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        except OSError as exc:
+            why = f"cannot start: {exc}"
+            self._fail_all(f"the device metadata writer {why}")
+            return why
         self.starts += 1
         self.pid = process.pid
         assert process.stdin is not None and process.stdout is not None
-        stopped = False
         try:
-            with trio.fail_after(START_TIMEOUT):
-                hello = await process.stdout.receive_some(len(_HELLO))
+            hello = b""
+            with trio.move_on_after(START_TIMEOUT):
+                hello = bytes(await process.stdout.receive_some(len(_HELLO)))
             if hello != _HELLO:
-                raise WriterExited(f"the device metadata writer did not start ({hello!r})")
+                why = "did not start" if not hello else f"started with {hello!r}"
+                self._fail_all(f"the device metadata writer {why}")
+                return why
             # Whatever an earlier writer left unanswered goes to this one, oldest first.
-            for call_id in list(self._calls):
-                call = self._calls[call_id]
-                if call.attempts >= MAX_ATTEMPTS:
-                    self._answer(
-                        call_id,
-                        CallFailed(id=call_id, error="the device metadata writer exited on it"),
-                    )
             self._unsent = list(self._calls)
-            task_status.started()
+            self.serving = True
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send, process.stdin)
                 ended = await self._receive(process.stdout)
                 nursery.cancel_scope.cancel()
-            raise WriterExited(ended)
-        except BaseException as exc:
-            stopped = _cancelled(exc)
-            raise
+            self._strike()
+            return ended
         finally:
+            self.serving = False
             with trio.CancelScope(shield=True):
                 await self._stop(process)
-            if stopped:
-                for call_id in list(self._calls):
-                    self._answer(call_id, CallFailed(id=call_id, error="the daemon is stopping"))
+
+    def _strike(self) -> None:
+        """The writer that just ended answered in order, each reply before its next
+        request: the oldest call still unanswered that was sent to it is the one it ended
+        on. A call two writers ended on is failed, so none can end writers forever."""
+        for call_id, call in self._calls.items():
+            if call.sent_to == self.starts:
+                call.strikes += 1
+                if call.strikes >= MAX_ATTEMPTS:
+                    exited = "the device metadata writer exited on it"
+                    self._answer(call_id, CallFailed(id=call_id, error=exited))
+                return
 
     def _default_command(self) -> list[str]:
         log_format, verbosity, vmodule = logging_setup()
@@ -393,7 +454,7 @@ class MetadataProcess:
             for call_id in batch:
                 call = self._calls.get(call_id)
                 if call is not None:
-                    call.attempts += 1
+                    call.sent_to = self.starts
                     frames.append(call.frame)
             try:
                 await stdin.send_all(b"".join(frames))
@@ -406,14 +467,14 @@ class MetadataProcess:
         while True:
             data = await stdout.receive_some(1 << 16)
             if not data:
-                return "the device metadata writer exited"
+                return "exited"
             try:
                 replies = [self._decoder.decode(m) for m in frames.feed(data)]
             except (FrameError, msgspec.DecodeError) as exc:
-                return f"the device metadata writer sent a bad reply: {exc}"
+                return f"sent a bad reply: {exc}"
             for reply in replies:
                 if reply.id not in self._calls:
-                    return f"the device metadata writer answered unknown call {reply.id}"
+                    return f"answered unknown call {reply.id}"
                 self._answer(reply.id, reply)
 
     async def _stop(self, process: trio.Process) -> None:
