@@ -275,6 +275,7 @@ class MetadataProcess:
         self._next_id = 0
         self._wake = trio.Event()
         self._running = False  # run() is active: calls wait for a writer
+        self._started: Callable[[], None] | None = None  # run()'s task_status.started
         self.serving = False  # a writer has started and is being served
         self.starts = 0  # writers started (for tests)
         self.pid: int | None = None
@@ -361,11 +362,12 @@ class MetadataProcess:
 
     # -- the service ----------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve writers one after another until cancelled. Started at once: calls wait
-        for a writer, and fail (logged by the caller) when none can start; when run ends,
-        every unanswered call fails and later ones fail at once."""
+        """Serve writers one after another until cancelled. Started once the first
+        writer serves or has failed to start (then calls fail, logged by the caller, until
+        one starts): the daemon starts with a writer, or without one rather than not at
+        all. When run ends, every unanswered call fails and later ones fail at once."""
         self._running = True
-        task_status.started()
+        self._started = task_status.started
         first, longest = self.restart_delay
         delay = first
         stopping = "the device metadata writer stopped"
@@ -397,6 +399,7 @@ class MetadataProcess:
         except OSError as exc:
             why = f"cannot start: {exc}"
             self._fail_all(f"the device metadata writer {why}")
+            self._report_started()
             return why
         self.starts += 1
         self.pid = process.pid
@@ -408,10 +411,12 @@ class MetadataProcess:
             if hello != _HELLO:
                 why = "did not start" if not hello else f"started with {hello!r}"
                 self._fail_all(f"the device metadata writer {why}")
+                self._report_started()
                 return why
             # Whatever an earlier writer left unanswered goes to this one, oldest first.
             self._unsent = list(self._calls)
             self.serving = True
+            self._report_started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send, process.stdin)
                 ended = await self._receive(process.stdout)
@@ -422,6 +427,11 @@ class MetadataProcess:
             self.serving = False
             with trio.CancelScope(shield=True):
                 await self._stop(process)
+
+    def _report_started(self) -> None:
+        started, self._started = self._started, None
+        if started is not None:
+            started()
 
     def _strike(self) -> None:
         """The writer that just ended answered in order, each reply before its next
