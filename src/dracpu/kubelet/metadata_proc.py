@@ -22,10 +22,10 @@ its input, so it ends with the daemon, kill -9 included.
 ``MetadataProcess`` is the daemon's side, a service of the root supervisor
 (``metadata-writer``, started before the kubelet's sockets so it stops after them):
 ``run`` starts a writer and serves it; callers ``write`` and ``remove`` and wait for the
-reply, shielded (a request sent cannot be taken back). A writer answers in order, each
-reply written before it handles the next request. When one ends, ``run`` starts another
-after a backoff and sends it what was unanswered (the steps are idempotent); the oldest
-unanswered request is the one the writer ended on, and one that two writers ended on is
+reply, shielded (a request sent cannot be taken back). When a writer ends, ``run``
+starts another after a backoff and sends it what was unanswered (the steps are
+idempotent) one request at a time, each once the one before is answered: a writer that
+ends then ended on the one request it had, and a request two writers ended on so is
 answered ``CallFailed``, so no request can end writers forever. A writer that cannot
 start fails what waits. When ``run`` ends, every unanswered call fails ("the daemon is
 stopping"), and so does every later one, at once. The writer handles no request once the
@@ -186,8 +186,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = None) -> None:
-    """Answer requests in order, each reply written before the next request is handled
-    (so when a writer dies, the oldest unanswered request is the one it died on), until
+    """Answer requests in order, the replies to what one read brought in one write, until
     the end of the input or the loss of ``parent`` (a daemon killed with requests still
     in the pipe: they are not handled for a daemon that is gone); purge spares whenever
     no request waits. Raises ``FrameError`` on input that is not requests."""
@@ -198,6 +197,7 @@ def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = N
         data = os.read(read_fd, 1 << 16)
         if not data:
             return
+        replies = []
         for message in frames.feed(data):
             if parent is not None and os.getppid() != parent:
                 return
@@ -205,7 +205,9 @@ def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = N
                 request = decoder.decode(message)
             except msgspec.DecodeError as exc:
                 raise FrameError(f"not a request: {exc}") from None
-            _write_all(write_fd, frame(encoder.encode(handle(request, spares))))
+            replies.append(frame(encoder.encode(handle(request, spares))))
+        if replies:
+            _write_all(write_fd, b"".join(replies))
         if spares.overflowing() and not select.select([read_fd], [], [], 0)[0]:
             spares.purge()
 
@@ -276,6 +278,7 @@ class MetadataProcess:
         self._wake = trio.Event()
         self._running = False  # run() is active: calls wait for a writer
         self._started: Callable[[], None] | None = None  # run()'s task_status.started
+        self._alone: int | None = None  # the call resent alone, while one is
         self.serving = False  # a writer has started and is being served
         self.starts = 0  # writers started (for tests)
         self.pid: int | None = None
@@ -413,12 +416,13 @@ class MetadataProcess:
                 self._fail_all(f"the device metadata writer {why}")
                 self._report_started()
                 return why
-            # Whatever an earlier writer left unanswered goes to this one, oldest first.
-            self._unsent = list(self._calls)
+            # Whatever an earlier writer left unanswered goes to this one, oldest first,
+            # one at a time; later calls after them.
+            careful, self._unsent = list(self._calls), []
             self.serving = True
             self._report_started()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send, process.stdin)
+                nursery.start_soon(self._send, process.stdin, careful)
                 ended = await self._receive(process.stdout)
                 nursery.cancel_scope.cancel()
             self._strike()
@@ -434,16 +438,16 @@ class MetadataProcess:
             started()
 
     def _strike(self) -> None:
-        """The writer that just ended answered in order, each reply before its next
-        request: the oldest call still unanswered that was sent to it is the one it ended
-        on. A call two writers ended on is failed, so none can end writers forever."""
-        for call_id, call in self._calls.items():
-            if call.sent_to == self.starts:
-                call.strikes += 1
-                if call.strikes >= MAX_ATTEMPTS:
-                    exited = "the device metadata writer exited on it"
-                    self._answer(call_id, CallFailed(id=call_id, error=exited))
-                return
+        """A writer ended while it had one request, resent alone: it ended on that one.
+        A request two writers ended on is failed."""
+        call_id, self._alone = self._alone, None
+        call = self._calls.get(call_id) if call_id is not None else None
+        if call_id is None or call is None or call.sent_to != self.starts:
+            return
+        call.strikes += 1
+        if call.strikes >= MAX_ATTEMPTS:
+            exited = "the device metadata writer exited on it"
+            self._answer(call_id, CallFailed(id=call_id, error=exited))
 
     def _default_command(self) -> list[str]:
         log_format, verbosity, vmodule = logging_setup()
@@ -453,23 +457,32 @@ class MetadataProcess:
             *("--log-format", log_format, "--v", str(verbosity), "--vmodule", vmodule),
         ]
 
-    async def _send(self, stdin: trio.abc.SendStream) -> None:
-        while True:
-            if not self._unsent:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
-            batch, self._unsent = self._unsent, []
-            frames = []
-            for call_id in batch:
+    async def _send(self, stdin: trio.abc.SendStream, careful: list[int]) -> None:
+        try:
+            for call_id in careful:
                 call = self._calls.get(call_id)
-                if call is not None:
-                    call.sent_to = self.starts
-                    frames.append(call.frame)
-            try:
+                if call is None:
+                    continue
+                self._alone = call_id
+                call.sent_to = self.starts
+                await stdin.send_all(call.frame)
+                await call.done.wait()
+            self._alone = None
+            while True:
+                if not self._unsent:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
+                batch, self._unsent = self._unsent, []
+                frames = []
+                for call_id in batch:
+                    call = self._calls.get(call_id)
+                    if call is not None:
+                        call.sent_to = self.starts
+                        frames.append(call.frame)
                 await stdin.send_all(b"".join(frames))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return  # the writer is gone: _receive reads its end
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the writer is gone: _receive reads its end
 
     async def _receive(self, stdout: trio.abc.ReceiveStream) -> str:
         """Answer calls from the writer's replies; returns why it can serve no more."""
