@@ -307,17 +307,16 @@ def remove_claim_metadata(
 
 
 class MetadataPurger:
-    """Keeps the spare metadata directories (``metadata_tree``) and deletes the extra
-    ones in the background, for a ``DRAService`` that writes metadata in a worker thread
-    (under ``dracpu run`` the writer process keeps and purges its own spares,
-    ``metadata_proc.py``): ``soon`` asks for a purge when there is something to delete,
-    and ``run``, run as a service beside it, deletes in a worker thread, once as it
-    starts (what an earlier run set aside and did not delete, a crash or a stop
-    mid-purge) and then once per ask (asks made during a purge are answered by one more). Deleting is abandoned on cancel: a stop
-    does not wait for it, and what is left is deleted by the next purge, of this run or the
-    next. The thread comes from a limiter of one of its own (nursery/threads.py): a purge
-    left behind keeps its token, so the next one cannot run beside it, and it never holds
-    a token of Trio's shared pool."""
+    """Keeps the spare metadata directories (``metadata_tree``) and deletes the extra ones in the
+    background, for a ``DRAService`` that writes metadata in a worker thread (under
+    ``dracpu run`` the writer process keeps and purges its own spares, ``metadata_proc.py``):
+    ``soon`` asks for a purge when there is something to delete, and ``run``, run as a service
+    beside it, deletes in a worker thread, once as it starts (what an earlier run set aside and
+    did not delete, a crash or a stop mid-purge) and then once per ask (asks made during a purge
+    are answered by one more). Deleting is abandoned on cancel: a stop does not wait for it, and
+    what is left is deleted by the next purge, of this run or the next. The thread comes from a
+    limiter of one of its own (nursery/threads.py): a purge left behind keeps its token, so the
+    next one cannot run beside it, and it never holds a token of Trio's shared pool."""
 
     def __init__(self, plugin_dir: str, *, keep: int = MAX_SPARES) -> None:
         self.plugin_dir = plugin_dir
