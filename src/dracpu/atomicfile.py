@@ -12,7 +12,7 @@ import contextlib
 import os
 import random
 
-__all__ = ["atomic_write", "ensure_dir", "fsync_dir"]
+__all__ = ["atomic_write", "ensure_dir", "fsync_dir", "write_all"]
 
 
 def fsync_dir(path: str) -> None:
@@ -30,6 +30,13 @@ def ensure_dir(path: str, mode: int = 0o755) -> None:
         return
     os.makedirs(path, mode=mode, exist_ok=True)
     os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``data`` to ``fd`` whole, however many writes it takes."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 # Temp names ``spec.<random>.tmp`` (behavior.md §10.1), tried with O_EXCL: a name in use
@@ -72,9 +79,7 @@ def atomic_write(
         fd, tmp = _temp_file(parent)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if mode != 0o600:
                 os.fchmod(fd, mode)
             if durable:

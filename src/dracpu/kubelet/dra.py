@@ -323,8 +323,9 @@ class DRAService:
         claim_dir, files = metadata_files(self.plugin_data_dir, claim, plan.devices, inventory)
         if not files:
             return devices
-        # The metadata file and its CDI spec are like the claim's: no fsyncs on tmpfs. The
-        # files on disk are written in a worker thread, the spec where the claim's is.
+        # The metadata file and its CDI spec are like the claim's: no fsyncs on tmpfs. Both
+        # are written by the writer process; without one, the files on disk in a worker
+        # thread and the spec where the claim's is.
         durable = self._on_disk()
         if self.metadata_process is not None:
             ids = await self.metadata_process.write(

@@ -60,6 +60,7 @@ __all__ = [
     "remove_metadata_specs",
     "write_claim_files",
     "write_claim_metadata",
+    "write_files_and_specs",
     "write_metadata_specs",
 ]
 
@@ -222,8 +223,24 @@ def write_claim_metadata(
     claim_dir, files = metadata_files(plugin_dir, claim, devices, inventory)
     if not files:
         return {}
-    written = write_claim_files(claim, claim_dir, files, durable=spec_durable, spares=spares)
-    return write_metadata_specs(cdi_dir, claim, claim_dir, written, durable=spec_durable)
+    return write_files_and_specs(
+        cdi_dir, claim, claim_dir, files, durable=spec_durable, spares=spares
+    )
+
+
+def write_files_and_specs(
+    cdi_dir: str,
+    claim: ClaimAllocation,
+    claim_dir: str,
+    files: Sequence[tuple[str, bytes]],
+    *,
+    durable: bool,
+    spares: SpareDirs | None,
+) -> dict[str, str]:
+    """``write_claim_files``, then ``write_metadata_specs`` for what it wrote: both steps
+    in one place (the writer process, or ``write_claim_metadata``)."""
+    written = write_claim_files(claim, claim_dir, files, durable=durable, spares=spares)
+    return write_metadata_specs(cdi_dir, claim, claim_dir, written, durable=durable)
 
 
 def write_claim_files(

@@ -48,11 +48,11 @@ import msgspec
 import trio
 
 from dracpu.allocation.prepare import ClaimAllocation
+from dracpu.atomicfile import write_all
 from dracpu.kubelet.metadata import (
     METADATA_DIR,
     remove_claim_metadata,
-    write_claim_files,
-    write_metadata_specs,
+    write_files_and_specs,
 )
 from dracpu.kubelet.metadata_tree import MAX_SPARES, SpareDirs
 from dracpu.logs import logging_setup
@@ -154,15 +154,13 @@ def handle(request: Request, spares: SpareDirs) -> Reply:
     steps log and absorb file errors themselves) becomes ``CallFailed``."""
     try:
         if isinstance(request, WriteTree):
-            written = write_claim_files(
+            ids = write_files_and_specs(
+                request.cdi_dir,
                 request.claim,
                 request.claim_dir,
                 request.files,
                 durable=request.durable,
                 spares=spares,
-            )
-            ids = write_metadata_specs(
-                request.cdi_dir, request.claim, request.claim_dir, written, durable=request.durable
             )
             return TreeWritten(id=request.id, ids=ids)
         remove_claim_metadata(
@@ -177,12 +175,6 @@ def handle(request: Request, spares: SpareDirs) -> Reply:
         return TreeRemoved(id=request.id)
     except Exception as exc:  # the daemon logs it; the writer goes on
         return CallFailed(id=request.id, error=f"{type(exc).__name__}: {exc}")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = None) -> None:
@@ -207,7 +199,7 @@ def serve(read_fd: int, write_fd: int, spares: SpareDirs, parent: int | None = N
                 raise FrameError(f"not a request: {exc}") from None
             replies.append(frame(encoder.encode(handle(request, spares))))
         if replies:
-            _write_all(write_fd, b"".join(replies))
+            write_all(write_fd, b"".join(replies))
         if spares.overflowing() and not select.select([read_fd], [], [], 0)[0]:
             spares.purge()
 
@@ -230,7 +222,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     spares.purge()  # what an earlier run or writer set aside
     read_fd, write_fd = sys.stdin.fileno(), sys.stdout.fileno()
     parent = os.getppid()
-    _write_all(write_fd, _HELLO)
+    write_all(write_fd, _HELLO)
     try:
         serve(read_fd, write_fd, spares, parent)
     except FrameError as exc:
